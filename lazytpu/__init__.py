@@ -1,0 +1,28 @@
+"""lazytpu: PyTorch on XLA devices, deferred and fused.
+
+After ``import lazytpu`` the device ``"tpu"`` exists in torch::
+
+    import torch, lazytpu
+    x = torch.randn(2, 2, device="tpu")
+    print(x @ x)
+
+Ops are recorded and fused at sync points into one XLA program (defer mode),
+or run one by one (strict mode); see ``torch.tpu.set_eager_mode``.
+"""
+
+from __future__ import annotations
+
+from lazytpu import _device, metrics
+from lazytpu.engine import EagerMode, sync_all
+from lazytpu.tensor import LazyTensor
+
+__all__ = ["EagerMode", "LazyTensor", "metrics", "sync"]
+__version__ = "0.1.0"
+
+
+def sync() -> None:
+    """Run every pending op on every device now (one program per device)."""
+    sync_all("lazytpu.sync")
+
+
+_device.register()

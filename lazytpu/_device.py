@@ -1,0 +1,58 @@
+"""Register ``tpu`` as torch's PrivateUse1 backend (the recipe in
+ARCHITECTURE.md, "Device registration").
+
+This is the one module that touches torch's global registration tables.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+from lazytpu import tpu
+from lazytpu.dispatch import record
+from lazytpu.lowering import get_rule
+
+aten = torch.ops.aten
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    def is_available(self) -> bool:
+        return tpu.is_available()
+
+    def has_primary_context(self, dev_id) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _DeviceGuard(torch._C._acc.DeviceGuard):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def _empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    kwargs = {"dtype": dtype or torch.get_default_dtype(), "device": device}
+    if memory_format is not None:
+        kwargs["memory_format"] = memory_format
+    return record(aten.empty.memory_format, (list(size),), kwargs, get_rule(aten.empty.memory_format))
+
+
+def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    kwargs = {"dtype": dtype or torch.get_default_dtype(), "device": device}
+    return record(aten.empty_strided.default, (list(size), list(stride)), kwargs, get_rule(aten.empty_strided.default))
+
+
+_registered = []
+
+
+def register() -> None:
+    """Idempotent: rename PrivateUse1 to ``tpu`` and install the factories."""
+    if _registered:
+        return
+    _setup_privateuseone_for_python_backend("tpu", backend_module=tpu, hook=_Hooks(), device_guard=_DeviceGuard())
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("empty.memory_format", _empty, "PrivateUse1")
+    lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+    _registered.append(lib)  # keep the library alive

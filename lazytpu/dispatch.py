@@ -1,0 +1,446 @@
+"""From torch's dispatcher to the IR: every op on a ``tpu`` tensor lands here.
+
+Order of resolution for an op (Note [Resolution order]):
+
+1. a dispatch-level handler (device moves, ``copy_``, aliasing, ``item``);
+2. a lowering rule: the op is recorded (meta kernel for avals and errors);
+3. an in-place or ``out=`` form of an op that resolves: run the functional
+   op, then write the result into the target (``writes``);
+4. ``_foreach_*``: one call per list element;
+5. torch's decomposition table, then CompositeImplicit decomposition;
+6. CPU fallback (counted, warned once per op), or NotImplementedError when
+   ``LAZYTPU_CPU_FALLBACK=0``.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import warnings
+
+import torch
+from torch._decomp import decomposition_table
+
+from lazytpu import _caches, _config, hostio, metrics
+from lazytpu.engine import RNG_AVAL, context
+from lazytpu.ir import Aval, Node, Output, Scalar, Storage
+from lazytpu.ir.template import Slot, fill, flatten
+from lazytpu.lowering import get_rule
+from lazytpu.tensor import LazyTensor, set_dispatcher
+
+aten = torch.ops.aten
+
+# -- handlers ------------------------------------------------------------------
+
+_HANDLERS: dict = {}
+
+
+def handles(*ops):
+    """Register a dispatch-level handler (Note [Resolution order], step 1)."""
+
+    def register(fn):
+        for op in ops:
+            if op in _HANDLERS:
+                raise ValueError(f"duplicate dispatch handler for {op}")
+            _HANDLERS[op] = fn
+        return fn
+
+    return register
+
+
+# -- meta inference ------------------------------------------------------------
+
+_META_MEMO: dict = {}
+_caches.register("meta_memo", _META_MEMO.clear)
+
+
+def _describe(v):
+    if type(v) is Scalar:
+        return v.kind
+    if type(v) is LazyTensor:
+        return (v.shape, v.stride(), v.dtype)
+    return ("cpu", v.shape, v.stride(), v.dtype)
+
+
+def _to_meta(v):
+    if type(v) is Scalar:
+        return v.value
+    return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+
+
+def _is_tpu_device(d) -> bool:
+    return (isinstance(d, torch.device) and d.type == "tpu") or (isinstance(d, str) and d.startswith("tpu"))
+
+
+def infer_meta(func, template, values):
+    """Run torch's meta kernel (memoized): output metas, or torch's error."""
+    key = (func, template, tuple(_describe(v) for v in values))
+    hit = _META_MEMO.get(key)
+    if hit is not None:
+        return hit
+    args, kwargs = fill(template, [_to_meta(v) for v in values])
+    if _is_tpu_device(kwargs.get("device")):
+        kwargs["device"] = "meta"
+    out = func(*args, **kwargs)
+    _META_MEMO[key] = out
+    return out
+
+
+# -- recording -----------------------------------------------------------------
+
+_NO_LIFT = frozenset({"arange", "linspace", "logspace", "range", "full", "scalar_tensor"})
+
+
+@functools.cache
+def _liftable(func) -> tuple[frozenset, frozenset]:
+    """Positions and kwarg names of float args that cannot decide shapes."""
+    if func._schema.name.split("::")[-1] in _NO_LIFT:
+        return frozenset(), frozenset()
+    pos, names = set(), set()
+    for i, arg in enumerate(func._schema.arguments):
+        if str(arg.type) in ("Scalar", "float", "Scalar?", "float?") and not arg.name.startswith("scale"):
+            (names if arg.kwarg_only else pos).add(arg.name if arg.kwarg_only else i)
+    return frozenset(pos), frozenset(names)
+
+
+def _lift(func, args, kwargs):
+    pos, names = _liftable(func)
+    if pos:
+        args = tuple(Scalar(a) if i in pos and type(a) in (float, complex) else a for i, a in enumerate(args))
+    if names:
+        kwargs = {k: Scalar(v) if k in names and type(v) in (float, complex) else v for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def _pick(leaf):
+    if isinstance(leaf, torch.Tensor):
+        if type(leaf) is not LazyTensor and leaf.dim() != 0:
+            raise RuntimeError(
+                f"Expected all tensors to be on the same device, but found at least two devices, "
+                f"tpu:0 and {leaf.device}!"
+            )
+        return leaf
+    if type(leaf) is Scalar:
+        return leaf
+    return None
+
+
+def _input_value(v, index: int):
+    if type(v) is LazyTensor:
+        return v._lt_storage.value
+    if type(v) is Scalar:
+        return v
+    return hostio.data_from_cpu(v, index)
+
+
+def _device_index(values) -> int:
+    for v in values:
+        if type(v) is LazyTensor:
+            return v.device.index or 0
+    return 0
+
+
+def wrap(value, shape, stride, dtype, index: int) -> LazyTensor:
+    return LazyTensor(Storage(value, context(index).graph), shape, stride, dtype, index)
+
+
+def _kwarg_device_index(kwargs) -> int | None:
+    d = kwargs.get("device")
+    if d is None:
+        return None
+    return torch.device(d).index or 0
+
+
+def record(func, args, kwargs, rule):
+    """Record ``func`` as one node; return LazyTensors of its pending outputs."""
+    args, kwargs = _lift(func, args, kwargs)
+    template, values = flatten(args, kwargs, _pick)
+    meta_out = infer_meta(func, template, values)
+    index = _kwarg_device_index(kwargs)
+    if index is None:
+        index = _device_index(values)
+    ctx = context(index)
+    metas = [meta_out] if isinstance(meta_out, torch.Tensor) else [m for m in meta_out if isinstance(m, torch.Tensor)]
+    out_avals = tuple(Aval(tuple(m.shape), m.dtype) for m in metas)
+    with ctx.graph.lock:
+        inputs = [_input_value(v, index) for v in values]
+        if rule.random:
+            template = type(template)(template.args + (Slot(len(inputs)),), template.kwargs)
+            inputs.append(ctx.rng_value())
+            out_avals = out_avals + (RNG_AVAL,)
+        node = Node(func, template, tuple(inputs), out_avals)
+        if rule.random:
+            ctx.graph.rng = Output(node, len(out_avals) - 1)
+        outs = [wrap(Output(node, i), m.shape, m.stride(), m.dtype, index) for i, m in enumerate(metas)]
+        ctx.recorded(node)
+    if isinstance(meta_out, torch.Tensor):
+        return outs[0]
+    it = iter(outs)
+    result = [next(it) if isinstance(m, torch.Tensor) else m for m in meta_out]
+    return tuple(result) if isinstance(meta_out, tuple) else result
+
+
+# -- writes (in-place, out=) ---------------------------------------------------
+
+
+def assign(dst: LazyTensor, src: LazyTensor) -> None:
+    """Make ``dst`` hold ``src``'s value (cast and broadcast to ``dst``)."""
+    if src.dtype != dst.dtype:
+        src = aten._to_copy.default(src, dtype=dst.dtype)
+    if src.shape != dst.shape:
+        src = aten.expand.default(src, list(dst.shape))
+    dst._lt_storage.bind(src._lt_storage.value)
+
+
+def resize_to(dst: LazyTensor, shape, stride=None) -> None:
+    """Give ``dst`` a new shape (as torch's ``resize_`` does for ``out=``)."""
+    shape = tuple(shape)
+    if tuple(dst.shape) == shape:
+        return
+    if dst.numel() != 0:
+        warnings.warn(
+            f"An output with one or more elements was resized since it had shape {list(dst.shape)}, "
+            f"which does not match the required output shape {list(shape)}. This behavior is deprecated, "
+            "and in a future PyTorch release outputs will not be resized unless they have zero elements. "
+            "You can explicitly reuse an out tensor t by resizing it, inplace, to zero elements with "
+            "t.resize_(0).",
+            UserWarning,
+            stacklevel=4,
+        )
+    if stride is None:
+        stride = torch.empty(shape, device="meta").stride()
+    index = dst.device.index or 0
+    zeros = aten.zeros.default(list(shape), dtype=dst.dtype, device=dst.device)
+    fresh = LazyTensor(Storage(zeros._lt_storage.value, context(index).graph), shape, stride, dst.dtype, index)
+    with torch.no_grad():
+        dst.data = fresh
+    dst._lt_storage = fresh._lt_storage
+
+
+# In-place ops whose functional form has another name.
+_FUNCTIONAL_NAMED = {aten.normal_.default: aten.normal_functional.default}
+
+
+@functools.cache
+def _functional_of(func):
+    """The functional overload behind an in-place or out= overload, if any."""
+    if func in _FUNCTIONAL_NAMED:
+        return _FUNCTIONAL_NAMED[func]
+    schema = func._schema
+    name = schema.name.split("::")[-1]
+    base = name[:-1] if name.endswith("_") else name
+    packet = getattr(aten, base, None)
+    if packet is None:
+        return None
+    wanted = [a.name for a in schema.arguments if not (a.alias_info and a.alias_info.is_write and a.kwarg_only)]
+    if not name.endswith("_"):
+        wanted = [a.name for a in schema.arguments if not (a.kwarg_only and a.alias_info is not None)]
+    for overload in packet.overloads():
+        cand = getattr(packet, overload)
+        if cand is func or cand._schema.is_mutable:
+            continue
+        names = [a.name for a in cand._schema.arguments]
+        if names == wanted or [n for n in names if n not in ("dtype", "layout", "device", "pin_memory")] == wanted:
+            return cand
+    return None
+
+
+def _out_args(func) -> list[str]:
+    return [a.name for a in func._schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+
+
+def _is_inplace(func) -> bool:
+    args = func._schema.arguments
+    return bool(args) and args[0].alias_info is not None and args[0].alias_info.is_write and not args[0].kwarg_only
+
+
+def _run_inplace(func, functional, args, kwargs):
+    self = args[0]
+    lifted_args, lifted_kwargs = _lift(func, args, kwargs)
+    template, values = flatten(lifted_args, lifted_kwargs, _pick)
+    infer_meta(func, template, values)  # torch's errors (e.g. result type can't be cast)
+    result = dispatch(functional, args, kwargs)
+    assign(self, result)
+    return self
+
+
+def _run_out(func, functional, args, kwargs):
+    names = _out_args(func)
+    outs = [kwargs[n] for n in names]
+    rest = {k: v for k, v in kwargs.items() if k not in names}
+    result = dispatch(functional, args, rest)
+    results = [result] if isinstance(result, torch.Tensor) else list(result)
+    for dst, src in zip(outs, results):
+        if type(dst) is not LazyTensor:
+            raise RuntimeError(f"Expected out tensor to be on tpu, but found it on {dst.device}")
+        resize_to(dst, src.shape, src.stride())
+        assign(dst, src)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+# -- CPU fallback --------------------------------------------------------------
+
+_WARNED: set = set()
+_caches.register("fallback_warnings", _WARNED.clear)
+
+
+def cpu_fallback(func, args, kwargs):
+    """Run ``func`` on CPU torch; copy mutated inputs and results back."""
+    if not _config.CPU_FALLBACK.get():
+        raise NotImplementedError(
+            f"lazytpu: no lowering for {func} and CPU fallback is off (LAZYTPU_CPU_FALLBACK=0)"
+        )
+    name = str(func)
+    metrics.count("cpu_fallbacks", name)
+    if name not in _WARNED:
+        _WARNED.add(name)
+        warnings.warn(f"lazytpu: {name} has no lowering; it runs on CPU (slower, splits the program)", stacklevel=3)
+    lazies: list[LazyTensor] = []
+
+    def to_cpu(x):
+        if type(x) is LazyTensor:
+            lazies.append(x)
+            return hostio.to_cpu(x, reason="cpu_fallback")
+        if isinstance(x, (list, tuple)):
+            return type(x)(to_cpu(y) for y in x)
+        return x
+
+    cargs = tuple(to_cpu(a) for a in args)
+    ckwargs = {k: to_cpu(v) for k, v in kwargs.items()}
+    if _is_tpu_device(ckwargs.get("device")):
+        ckwargs["device"] = "cpu"
+    index = _device_index(lazies) if lazies else (_kwarg_device_index(kwargs) or 0)
+    out = func(*cargs, **ckwargs)
+    # write mutated arguments back
+    written = {}
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            lazy = kwargs.get(arg.name) if arg.kwarg_only else (args[i] if i < len(args) else None)
+            host = ckwargs.get(arg.name) if arg.kwarg_only else (cargs[i] if i < len(cargs) else None)
+            if type(lazy) is LazyTensor:
+                if tuple(lazy.shape) != tuple(host.shape):
+                    resize_to(lazy, host.shape)
+                lazy._lt_storage.bind(hostio.data_from_cpu(host, index))
+                written[id(host)] = lazy
+
+    def back(x):
+        if isinstance(x, torch.Tensor):
+            if id(x) in written:
+                return written[id(x)]
+            return wrap(hostio.data_from_cpu(x, index), x.shape, x.stride(), x.dtype, index)
+        if isinstance(x, (list, tuple)):
+            return type(x)(back(y) for y in x)
+        return x
+
+    return back(out)
+
+
+# -- foreach -------------------------------------------------------------------
+
+_FOREACH_ELEMENT = {"norm": aten.linalg_vector_norm.default}
+_OVERLOAD_ELEMENT = {"List": ("Tensor", "default"), "ScalarList": ("Scalar", "default"), "Tensor": ("Tensor", "default"),
+                     "Scalar": ("Scalar", "default"), "default": ("default",), "ScalarAndTensor": ("Scalar", "Tensor_Scalar")}
+
+
+@functools.cache
+def _foreach_element_op(func):
+    name = func._schema.name.split("::")[-1][len("_foreach_"):]
+    inplace = name.endswith("_")
+    base = name[:-1] if inplace else name
+    if base in _FOREACH_ELEMENT:
+        return _FOREACH_ELEMENT[base]
+    packet = getattr(aten, base + ("_" if inplace else ""), None)
+    if packet is None:
+        return None
+    candidates = _OVERLOAD_ELEMENT.get(func._overloadname, (func._overloadname,))
+    if base == "pow" and func._overloadname == "ScalarAndTensor":
+        candidates = ("Scalar",)
+    for overload in candidates:
+        if overload in packet.overloads():
+            return getattr(packet, overload)
+    return None
+
+
+def run_foreach(func, args, kwargs):
+    element = _foreach_element_op(func)
+    if element is None:
+        return None
+    lists = [a for a in args if isinstance(a, (list, tuple))]
+    n = len(lists[0])
+    results = []
+    for i in range(n):
+        call = tuple(a[i] if isinstance(a, (list, tuple)) else a for a in args)
+        results.append(element(*call, **kwargs))
+    if _is_inplace(func) or func._schema.returns == []:
+        return None
+    return results
+
+
+# -- the dispatcher ------------------------------------------------------------
+
+
+def dispatch(func, args, kwargs):
+    """Resolve one op (Note [Resolution order])."""
+    handler = _HANDLERS.get(func)
+    if handler is not None:
+        return handler(func, args, kwargs)
+    rule = get_rule(func)
+    if rule is not None:
+        return record(func, args, kwargs, rule)
+    name = func._schema.name
+    if name.startswith("aten::_foreach_"):
+        out = run_foreach(func, args, kwargs)
+        if out is not None or _foreach_element_op(func) is not None:
+            return out
+    if _is_inplace(func):
+        functional = _functional_of(func)
+        if functional is not None and _resolves(functional):
+            return _run_inplace(func, functional, args, kwargs)
+    elif _out_args(func):
+        functional = _functional_of(func)
+        if functional is not None and _resolves(functional):
+            return _run_out(func, functional, args, kwargs)
+    if func not in _DECOMPOSING.ops:
+        decomp = decomposition_table.get(func)
+        _DECOMPOSING.ops.add(func)
+        try:
+            if decomp is not None:
+                _check_with_meta(func, args, kwargs)
+                return decomp(*args, **kwargs)
+            out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        finally:
+            _DECOMPOSING.ops.discard(func)
+    return cpu_fallback(func, args, kwargs)
+
+
+class _Decomposing(threading.local):
+    """Ops being decomposed on this thread: a decomposition that calls its own
+    op again must not recurse forever (it falls back instead)."""
+
+    def __init__(self) -> None:
+        self.ops: set = set()
+
+
+_DECOMPOSING = _Decomposing()
+
+
+@functools.cache
+def _resolves(func) -> bool:
+    """Whether ``func`` runs on device (rule or decomposition)."""
+    return get_rule(func) is not None or func in decomposition_table or func._can_decompose()
+
+
+def _check_with_meta(func, args, kwargs) -> None:
+    args, kwargs = _lift(func, args, kwargs)
+    template, values = flatten(args, kwargs, _pick)
+    try:
+        infer_meta(func, template, values)
+    except NotImplementedError:
+        pass
+
+
+set_dispatcher(dispatch)
+
+from lazytpu import handlers  # noqa: E402,F401  (registers the dispatch-level handlers)

@@ -1,0 +1,160 @@
+"""The device context: the pending graph, the mode, record and flush.
+
+This is where the stages meet: ops are recorded into the ``ir`` graph, and a
+flush runs ``fusion`` -> ``lowering`` -> ``runtime`` and re-binds the results.
+
+Note [Modes]: strict mode is defer mode with a flush after every recorded op;
+there is one code path. strict-blocking also waits for each program.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import threading
+from collections.abc import Iterator
+
+import jax
+import numpy as np
+import torch
+
+from lazytpu import _config, metrics, runtime
+from lazytpu.fusion import build_program
+from lazytpu.ir import Aval, Data, Node, Output, PendingGraph
+from lazytpu.lowering import lower_program
+
+DEFAULT_SEED = 67280421310721  # torch's default CPU seed
+
+
+class EagerMode(enum.Enum):
+    """Execution modes, named as in TorchTPU."""
+
+    DEFER_AND_FUSE = "defer"
+    DEFER_NEVER = "strict"
+    DEFER_NEVER_AND_LAUNCH_BLOCKING = "strict-blocking"
+
+    @classmethod
+    def parse(cls, value) -> EagerMode:
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            for mode in cls:
+                if value.lower() in (mode.value, mode.name.lower()):
+                    return mode
+        valid = ", ".join(m.value for m in cls)
+        raise ValueError(f"invalid eager mode {value!r}: expected one of {valid} (or an EagerMode member)")
+
+
+def _mode_from_env() -> EagerMode:
+    raw = _config.EAGER_MODE.get()
+    if raw is not None:
+        try:
+            return EagerMode.parse(raw)
+        except ValueError:
+            valid = ", ".join(m.value for m in EagerMode)
+            raise ValueError(f"TORCHTPU_EAGER_MODE={raw!r} is not valid: expected one of {valid}") from None
+    alias = _config.DEFER_AND_FUSE.get()
+    if alias is not None:
+        return EagerMode.DEFER_AND_FUSE if alias else EagerMode.DEFER_NEVER
+    return EagerMode.DEFER_AND_FUSE
+
+
+RNG_AVAL = Aval((2,), torch.uint32)
+
+
+class DeviceContext:
+    """Everything one device owns (Note [Graph ownership])."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.graph = PendingGraph()
+        self.seed = DEFAULT_SEED
+
+    # -- random state ---------------------------------------------------
+    def manual_seed(self, seed: int) -> None:
+        with self.graph.lock:
+            self.seed = int(seed)
+            key = np.asarray(jax.random.key_data(jax.random.PRNGKey(self.seed & 0xFFFFFFFFFFFFFFFF)))
+            self.graph.rng = Data(runtime.from_host(key.astype(np.uint32), self.index), RNG_AVAL)
+
+    def rng_value(self):
+        if self.graph.rng is None:
+            self.manual_seed(self.seed)
+        return self.graph.rng
+
+    def get_rng_state(self) -> np.ndarray:
+        with self.graph.lock:
+            value = self.rng_value()
+            if isinstance(value, Output):
+                self.flush("rng_state")
+                value = self.graph.rng
+            return runtime.to_host(value.buffer)
+
+    def set_rng_state(self, state: np.ndarray) -> None:
+        with self.graph.lock:
+            array = np.asarray(state, dtype=np.uint32).reshape(2)
+            self.graph.rng = Data(runtime.from_host(array, self.index), RNG_AVAL)
+
+    # -- record / flush -------------------------------------------------
+    def recorded(self, node: Node) -> None:
+        """Called after a node is recorded: strict mode flushes here."""
+        metrics.add("ops_recorded")
+        self.graph.pending_ops += 1
+        if MODE.current is not EagerMode.DEFER_AND_FUSE:
+            self.flush("strict")
+
+    def flush(self, reason: str) -> None:
+        """Materialize every live pending value in one program."""
+        with self.graph.lock:
+            roots = self.graph.roots()
+            metrics.count("syncs", reason)
+            if not roots:
+                return
+            program, inputs, distinct = build_program(roots)
+            blocking = MODE.current is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+            outs = runtime.execute(
+                program.key, lambda: lower_program(program), inputs, index=self.index, blocking=blocking
+            )
+            self.graph.rebind({r: Data(buf, r.aval) for r, buf in zip(distinct, outs)})
+
+
+class _ModeState:
+    """The process-wide eager mode (autograd's thread must see it too)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.current = _mode_from_env()
+
+    def set(self, mode) -> None:
+        mode = EagerMode.parse(mode)
+        if mode is not self.current:
+            sync_all("mode_switch")
+        self.current = mode
+
+    @contextlib.contextmanager
+    def scoped(self, mode) -> Iterator[None]:
+        old = self.current
+        self.set(mode)
+        try:
+            yield
+        finally:
+            self.set(old)
+
+
+MODE = _ModeState()
+_CONTEXTS: dict[int, DeviceContext] = {}
+_CONTEXTS_LOCK = threading.Lock()
+
+
+def context(index: int = 0) -> DeviceContext:
+    ctx = _CONTEXTS.get(index)
+    if ctx is None:
+        with _CONTEXTS_LOCK:
+            ctx = _CONTEXTS.setdefault(index, DeviceContext(index))
+    return ctx
+
+
+def sync_all(reason: str) -> None:
+    """Flush every device."""
+    for ctx in list(_CONTEXTS.values()):
+        ctx.flush(reason)

@@ -1,0 +1,98 @@
+"""Build a canonical ``Program`` from the roots a sync must materialize."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from lazytpu.ir.node import Aval, Data, Node, Output, Scalar
+
+# A reference inside a program: ("in", i) is the i-th input, (j, k) is the
+# k-th output of the j-th op.
+Ref = tuple
+
+
+@attrs.frozen(slots=True)
+class ProgramOp:
+    op: Any
+    spec: Any
+    inputs: tuple[Ref, ...]
+    out_avals: tuple[Aval, ...]
+    source: str | None
+
+
+@attrs.frozen(slots=True)
+class Program:
+    """A pure computation: inputs by position, ops in order, outputs by ref."""
+
+    key: tuple
+    ops: tuple[ProgramOp, ...]
+    input_kinds: tuple  # Aval for buffers, float/complex for lifted scalars
+    outputs: tuple[Ref, ...]
+
+    @property
+    def output_avals(self) -> tuple[Aval, ...]:
+        return tuple(self.ops[j].out_avals[k] for j, k in self.outputs)
+
+
+def _topo_order(roots: list[Output]) -> list[Node]:
+    order: list[Node] = []
+    seen: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(r.node, False) for r in reversed(roots)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        for v in reversed(node.inputs):
+            if type(v) is Output and id(v.node) not in seen:
+                stack.append((v.node, False))
+    return order
+
+
+def build_program(roots: list[Output]) -> tuple[Program, list, list[Output]]:
+    """Collect everything ``roots`` depend on.
+
+    Returns:
+        The program, the runtime values of its inputs (device buffers and
+        Python scalars, in input order), and the distinct roots in output
+        order.
+    """
+    nodes = _topo_order(roots)
+    position = {id(n): j for j, n in enumerate(nodes)}
+    inputs: list = []
+    kinds: list = []
+    buffer_slot: dict[int, int] = {}
+    ops = []
+    key_parts = []
+    for node in nodes:
+        refs = []
+        for v in node.inputs:
+            kind = type(v)
+            if kind is Output:
+                refs.append((position[id(v.node)], v.index))
+            elif kind is Data:
+                slot = buffer_slot.get(id(v.buffer))
+                if slot is None:
+                    slot = buffer_slot[id(v.buffer)] = len(inputs)
+                    inputs.append(v.buffer)
+                    kinds.append(v.aval)
+                refs.append(("in", slot))
+            elif kind is Scalar:
+                refs.append(("in", len(inputs)))
+                inputs.append(v.value)
+                kinds.append(v.kind)
+            else:
+                raise TypeError(f"bad IR input {v!r}")
+        refs = tuple(refs)
+        ops.append(ProgramOp(node.op, node.spec, refs, node.out_avals, node.source))
+        key_parts.append((node.sig, refs))
+    distinct = list(dict.fromkeys(roots))
+    outputs = tuple((position[id(r.node)], r.index) for r in distinct)
+    key = (tuple(key_parts), tuple(kinds), outputs)
+    return Program(key, tuple(ops), tuple(kinds), outputs), inputs, distinct

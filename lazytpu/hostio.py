@@ -1,0 +1,50 @@
+"""Moving tensors between CPU torch and the device (syncing when needed)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+
+from lazytpu import runtime
+from lazytpu.engine import context
+from lazytpu.ir import Aval, Data, Output
+
+# numpy has no bfloat16: move its bits as uint16 (Note [bfloat16 transfers]).
+_BITS = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16)}
+
+
+def data_from_cpu(t: torch.Tensor, index: int = 0) -> Data:
+    """Copy a CPU tensor to the device."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.resolve_conj().resolve_neg().contiguous()
+    bits = _BITS.get(t.dtype)
+    array = t.view(bits[0]).numpy().view(bits[1]) if bits else t.numpy()
+    return Data(runtime.from_host(array, index), Aval(tuple(t.shape), t.dtype))
+
+
+def buffer_of(t, reason: str):
+    """The device buffer of a LazyTensor, syncing if it is pending."""
+    storage = t._lt_storage
+    if isinstance(storage.value, Output):
+        context(t.device.index or 0).flush(reason)
+    return storage.value.buffer
+
+
+def to_cpu(t, reason: str = "cpu") -> torch.Tensor:
+    """A CPU copy of a LazyTensor with its shape, strides and dtype."""
+    array = runtime.to_host(buffer_of(t, reason))
+    bits = _BITS.get(t.dtype)
+    if bits:
+        out = torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(t.dtype)
+    else:
+        out = torch.from_numpy(np.array(array, copy=True))
+    out = out.reshape(t.shape)
+    if not t.is_contiguous() and t.numel() > 1 and is_non_overlapping_and_dense(t):
+        strided = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+        strided.copy_(out)
+        out = strided
+    return out

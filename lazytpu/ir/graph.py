@@ -1,0 +1,81 @@
+"""The pending graph: storages of live tensors and what they hold.
+
+Note [Storage]: a ``Storage`` is the mutable cell a tensor reads: it holds a
+``Data`` (materialized) or an ``Output`` (pending). Tensors that alias
+(``detach``, ``.data``, ``alias``) share one storage, so an in-place write
+through one is seen by all: the write records a new node and re-binds the
+storage. Nodes themselves never change.
+
+Every storage that holds a pending value is in the graph's weak registry; a
+storage that dies takes its pending work with it (nothing reaches the node any
+more, so a sync never computes it).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+from lazytpu.ir.node import Data, Output
+
+
+class Storage:
+    """The mutable value cell shared by aliasing tensors."""
+
+    __slots__ = ("value", "graph", "__weakref__")
+
+    def __init__(self, value, graph: PendingGraph) -> None:
+        self.value = value
+        self.graph = graph
+        if isinstance(value, Output):
+            graph.track(self)
+
+    def bind(self, value) -> None:
+        """Re-bind to a new value (an in-place write or a sync's result)."""
+        self.value = value
+        if isinstance(value, Output):
+            self.graph.track(self)
+
+    @property
+    def pending(self) -> bool:
+        return isinstance(self.value, Output)
+
+
+class PendingGraph:
+    """Live storages with pending values, plus the device's PRNG state.
+
+    Note [Graph ownership]: one graph per device, process-wide, behind one
+    re-entrant lock. Autograd runs backward ops on its own thread; a
+    thread-local graph would split a step's forward and backward apart.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self._live: weakref.WeakSet[Storage] = weakref.WeakSet()
+        self.rng: Data | Output | None = None
+        self.pending_ops = 0
+
+    def track(self, storage: Storage) -> None:
+        self._live.add(storage)
+
+    def pending_storages(self) -> list[Storage]:
+        """Storages that hold pending values now."""
+        return [s for s in list(self._live) if isinstance(s.value, Output)]
+
+    def roots(self) -> list[Output]:
+        """Every pending value a sync must materialize (rng included)."""
+        outs = [s.value for s in self.pending_storages()]
+        if isinstance(self.rng, Output):
+            outs.append(self.rng)
+        return outs
+
+    def rebind(self, results: dict[Output, Data]) -> None:
+        """Replace pending values by the program's results; forget the rest."""
+        for storage in list(self._live):
+            value = storage.value
+            if isinstance(value, Output):
+                storage.value = results[value]
+        self._live.clear()
+        if isinstance(self.rng, Output):
+            self.rng = results[self.rng]
+        self.pending_ops = 0

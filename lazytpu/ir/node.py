@@ -1,0 +1,91 @@
+"""Immutable IR values.
+
+A ``Node`` is one recorded op: the op, its static arguments (``spec``: the
+pytree structure of the call with tensor and lifted-scalar slots left open),
+its input values and its output avals. Its structural signature ``sig`` is
+computed once, when it is made; the fusion stage builds program keys from it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import attrs
+import torch
+
+
+@attrs.frozen(slots=True)
+class Aval:
+    """Abstract value: what the compiler needs to know of an array."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@attrs.frozen(slots=True, eq=False)
+class Data:
+    """A materialized device buffer (opaque here). Identity is the buffer's."""
+
+    buffer: Any
+    aval: Aval
+
+
+@attrs.frozen(slots=True)
+class Scalar:
+    """A Python number lifted to a program input (Note [Scalar lifting]).
+
+    Note [Scalar lifting]: a float that cannot decide a shape is passed to the
+    compiled program as an argument, so a changing learning rate or loss scale
+    reuses the same program. Its kind (float/complex) is in the program key,
+    its value is not.
+    """
+
+    value: float | complex
+
+    @property
+    def kind(self) -> type:
+        return type(self.value)
+
+
+@attrs.frozen(slots=True, eq=False)
+class Node:
+    """One recorded op. Equality is identity; ``sig`` is the structure."""
+
+    op: Any
+    spec: Any  # lowering-stage call template (hashable)
+    inputs: tuple[Any, ...]  # Output | Data | Scalar
+    out_avals: tuple[Aval, ...]
+    source: str | None = None  # user file:line, when debugging asks for it
+    sig: tuple = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        kinds = tuple(_input_kind(v) for v in self.inputs)
+        object.__setattr__(self, "sig", (self.op, self.spec, kinds, self.out_avals))
+
+
+@attrs.frozen(slots=True)
+class Output:
+    """The ``index``-th result of a pending node."""
+
+    node: Node
+    index: int
+
+    @property
+    def aval(self) -> Aval:
+        return self.node.out_avals[self.index]
+
+
+Value = Union[Output, Data, Scalar]
+
+
+def _input_kind(value: Value) -> Any:
+    if isinstance(value, Scalar):
+        return value.kind
+    return value.aval if isinstance(value, Data) else None

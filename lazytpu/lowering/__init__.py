@@ -1,0 +1,15 @@
+"""Lowering: aten ops to JAX, one pure rule per op, in per-family files."""
+
+from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
+    elementwise,
+    factories,
+    linalg,
+    nn,
+    random,
+    reduction,
+    shape,
+)
+from lazytpu.lowering.program import LoweringError, apply_op, lower_program
+from lazytpu.lowering.registry import get_rule, lowering, registered_ops
+
+__all__ = ["LoweringError", "apply_op", "get_rule", "lower_program", "lowering", "registered_ops"]

@@ -1,0 +1,65 @@
+"""Lower a fused ``Program`` to one pure JAX function."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from lazytpu import _dtypes
+from lazytpu.ir.template import fill
+from lazytpu.lowering.registry import get_rule
+
+
+class LoweringError(RuntimeError):
+    """A rule failed while tracing; names the op and where it was recorded."""
+
+
+def cast_to(x, aval):
+    """Cast a rule's result to the dtype torch's meta kernel inferred."""
+    target = _dtypes.to_jax(aval.dtype)
+    x = jnp.asarray(x)
+    if x.dtype != target:
+        x = x.astype(target)
+    if x.shape != aval.shape:
+        x = jnp.broadcast_to(x, aval.shape)
+    return x
+
+
+def apply_op(op, spec, in_values: list, out_avals) -> tuple:
+    """Run one op's rule on JAX values; returns its outputs, cast."""
+    rule = get_rule(op)
+    args, kwargs = fill(spec, in_values)
+    if rule.random:
+        key_new, key_use = jax.random.split(args[-1])
+        args = args[:-1]
+        result = rule.fn(*args, key=key_use, **kwargs)
+        results = result if isinstance(result, tuple) else (result,)
+        return tuple(cast_to(r, a) for r, a in zip(results, out_avals[:-1])) + (key_new,)
+    result = rule.fn(*args, **kwargs)
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    if len(results) != len(out_avals):
+        raise LoweringError(f"{op}: rule returned {len(results)} results, expected {len(out_avals)}")
+    return tuple(cast_to(r, a) for r, a in zip(results, out_avals))
+
+
+def lower_program(program) -> Callable:
+    """A function ``f(*inputs) -> tuple(outputs)`` computing ``program``."""
+    ops = program.ops
+    outputs = program.outputs
+
+    def run(*inputs):
+        env: list[tuple] = []
+        for op in ops:
+            vals = [inputs[r[1]] if r[0] == "in" else env[r[0]][r[1]] for r in op.inputs]
+            try:
+                env.append(apply_op(op.op, op.spec, vals, op.out_avals))
+            except LoweringError:
+                raise
+            except Exception as exc:
+                where = f" (recorded at {op.source})" if op.source else ""
+                raise LoweringError(f"lowering {op.op} failed{where}: {exc}") from exc
+        return tuple(env[j][k] for j, k in outputs)
+
+    return run

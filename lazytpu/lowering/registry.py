@@ -1,0 +1,72 @@
+"""The lowering registry: aten op -> pure JAX rule.
+
+    @lowering(aten.add.Tensor, aten.add.Scalar)
+    def add(x, y, *, alpha=1):
+        return x + alpha * y
+
+A rule takes the op's arguments as the op's schema orders them, with tensors
+replaced by JAX arrays; it returns an array or a tuple of arrays. Casting the
+result to the dtype torch inferred, in-place forms and ``out=`` are handled
+around the rules, never inside them. Random rules (``random=True``) also get
+an explicit ``key`` keyword argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import torch
+
+_OpOverload = torch._ops.OpOverload
+_OpPacket = torch._ops.OpOverloadPacket
+
+
+@attrs.frozen(slots=True)
+class Rule:
+    fn: Callable
+    random: bool = False
+
+
+_RULES: dict[_OpOverload, Rule] = {}
+
+
+def _is_functional(op: _OpOverload) -> bool:
+    schema = op._schema
+    return not schema.is_mutable and not schema.name.endswith("_") and "out" not in op._overloadname
+
+
+def expand(op) -> list[_OpOverload]:
+    """An overload stays itself; a packet gives its functional overloads."""
+    if isinstance(op, _OpOverload):
+        return [op]
+    if isinstance(op, _OpPacket):
+        overloads = [getattr(op, name) for name in op.overloads()]
+        return [o for o in overloads if _is_functional(o)]
+    raise TypeError(f"not an aten op: {op!r}")
+
+
+def lowering(*ops, random: bool = False) -> Callable[[Callable], Callable]:
+    """Register ``fn`` as the lowering of ``ops`` (packets expand to overloads).
+
+    Raises:
+        ValueError: an op already has a rule.
+    """
+
+    def register(fn: Callable) -> Callable:
+        for packet in ops:
+            for op in expand(packet):
+                if op in _RULES:
+                    raise ValueError(f"duplicate lowering for {op}: {_RULES[op].fn.__qualname__}")
+                _RULES[op] = Rule(fn, random)
+        return fn
+
+    return register
+
+
+def get_rule(op) -> Rule | None:
+    return _RULES.get(op)
+
+
+def registered_ops() -> frozenset:
+    return frozenset(_RULES)

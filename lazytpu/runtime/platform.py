@@ -1,0 +1,54 @@
+"""Choose the PJRT device: ``LAZYTPU_PLATFORM`` or the best one present."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+from lazytpu import _config
+
+jax.config.update("jax_enable_x64", True)  # torch's int64/float64 must survive
+
+_PREFERENCE = ("tpu", "gpu", "cpu")
+
+
+def _present() -> dict[str, list]:
+    found = {}
+    for name in _PREFERENCE:
+        try:
+            devs = jax.devices(name)
+        except RuntimeError:
+            continue
+        if devs:
+            found[name] = devs
+    return found
+
+
+@functools.cache
+def devices() -> tuple:
+    """The PJRT devices lazytpu uses (all of one platform)."""
+    present = _present()
+    wanted = _config.PLATFORM.get()
+    if wanted is not None:
+        if wanted not in _PREFERENCE:
+            raise RuntimeError(f"LAZYTPU_PLATFORM={wanted!r}: expected one of {', '.join(_PREFERENCE)}")
+        if wanted not in present:
+            raise RuntimeError(
+                f"LAZYTPU_PLATFORM={wanted!r} but no {wanted} device is present; present: {', '.join(present)}"
+            )
+        return tuple(present[wanted])
+    for name in _PREFERENCE:
+        if name in present:
+            return tuple(present[name])
+    raise RuntimeError("no PJRT device found")
+
+
+def device(index: int = 0):
+    return devices()[index]
+
+
+def platform_name() -> str:
+    """The PJRT platform in use: ``tpu``, ``gpu`` or ``cpu``."""
+    d = device(0)
+    return "gpu" if d.platform in ("cuda", "rocm", "gpu") else d.platform

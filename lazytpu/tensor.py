@@ -1,0 +1,71 @@
+"""``LazyTensor``: the torch tensor type of the ``tpu`` device.
+
+A wrapper subclass: torch sees its size, strides, dtype and device; its value
+lives in a shared ``Storage`` (Note [Storage]) holding device data or a
+pending IR value. Every op on it arrives in ``__torch_dispatch__``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_DEVICES: dict[int, torch.device] = {}
+# The dispatcher lives in lazytpu.dispatch (which imports this module); it
+# installs itself here with ``set_dispatcher``.
+_DISPATCH: list = [None]
+
+
+def set_dispatcher(fn) -> None:
+    _DISPATCH[0] = fn
+
+
+def tpu_device(index: int = 0) -> torch.device:
+    dev = _DEVICES.get(index)
+    if dev is None:
+        dev = _DEVICES[index] = torch.device("tpu", index)
+    return dev
+
+
+class LazyTensor(torch.Tensor):
+    """A tensor on the ``tpu`` device whose value may still be pending."""
+
+    _lt_storage: object
+
+    @staticmethod
+    def __new__(cls, storage, shape, stride, dtype, index: int = 0):
+        t = torch.Tensor._make_wrapper_subclass(
+            cls, shape, strides=stride, dtype=dtype, device=tpu_device(index)
+        )
+        t._lt_storage = storage
+        return t
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _DISPATCH[0](func, args, kwargs or {})
+
+    def numpy(self, *args, **kwargs):
+        raise TypeError(
+            f"can't convert {self.device} device type tensor to numpy. "
+            "Use Tensor.cpu() to copy the tensor to host memory first."
+        )
+
+    def __array__(self, dtype=None, copy=None):
+        return self.numpy()
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        from torch._tensor_str import _str, _tensor_str
+
+        with torch.no_grad():
+            host = self.detach().cpu()
+        plain = _str(host)
+        contents = _tensor_str(host, len("tensor("))
+        head = "tensor(" + contents
+        rest = plain[len(head):-1] if plain.startswith(head) else ""
+        suffix = f", device='{self.device}'" + rest
+        if self.grad_fn is not None:
+            suffix += f", grad_fn=<{type(self.grad_fn).__name__}>"
+        elif self.requires_grad:
+            suffix += ", requires_grad=True"
+        return head + suffix + ")"

@@ -1,0 +1,162 @@
+"""``torch.tpu``: the device module of the ``tpu`` backend.
+
+Names follow TorchTPU's ``torch.tpu`` so code written for it runs here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+from collections.abc import Iterator
+
+import jax
+import numpy as np
+import torch
+
+from lazytpu import engine, runtime
+from lazytpu.engine import EagerMode
+
+__all__ = [
+    "EagerMode",
+    "current_device",
+    "device_count",
+    "eager_mode",
+    "get_amp_supported_dtype",
+    "get_device_name",
+    "get_device_properties",
+    "get_rng_state",
+    "initial_seed",
+    "is_available",
+    "is_initialized",
+    "manual_seed",
+    "manual_seed_all",
+    "seed",
+    "set_device",
+    "set_eager_mode",
+    "set_rng_state",
+    "synchronize",
+]
+
+_current = [0]
+
+
+def is_available() -> bool:
+    """Whether a PJRT device is present (always, on XLA:CPU at least)."""
+    try:
+        return len(runtime.platform.devices()) > 0
+    except RuntimeError:
+        return False
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    """Number of PJRT devices of the platform in use."""
+    return len(runtime.platform.devices())
+
+
+def current_device() -> int:
+    return _current[0]
+
+
+def set_device(device) -> None:
+    index = device if isinstance(device, int) else (torch.device(device).index or 0)
+    if not 0 <= index < device_count():
+        raise RuntimeError(f"tpu:{index} does not exist: device_count() is {device_count()}")
+    _current[0] = index
+
+
+def _index(device) -> int:
+    if device is None:
+        return current_device()
+    return device if isinstance(device, int) else (torch.device(device).index or 0)
+
+
+def synchronize(device=None) -> None:
+    """Run everything pending on ``device`` and wait for it."""
+    ctx = engine.context(_index(device))
+    ctx.flush("synchronize")
+    with ctx.graph.lock:
+        buffers = [s.value.buffer for s in list(ctx.graph._live) if hasattr(s.value, "buffer")]
+    jax.block_until_ready(buffers)
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the current device's random state."""
+    engine.context(current_device()).manual_seed(seed)
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seed every device's random state (``torch.manual_seed`` calls this)."""
+    for i in range(device_count()):
+        engine.context(i).manual_seed(seed)
+
+
+def seed() -> int:
+    import random
+
+    s = random.getrandbits(63)
+    manual_seed(s)
+    return s
+
+
+def initial_seed() -> int:
+    return engine.context(current_device()).seed
+
+
+def get_rng_state(device=None) -> torch.Tensor:
+    return torch.from_numpy(engine.context(_index(device)).get_rng_state().view("int32").copy()).view(torch.uint8)
+
+
+def set_rng_state(state: torch.Tensor, device=None) -> None:
+    engine.context(_index(device)).set_rng_state(state.view(torch.int32).numpy().view(np.uint32))
+
+
+def get_device_name(device=None) -> str:
+    """The PJRT device kind and platform, e.g. ``'cpu (PJRT cpu)'``."""
+    d = runtime.device(_index(device))
+    return f"{d.device_kind} (PJRT {runtime.platform_name()})"
+
+
+def get_device_properties(device=None) -> types.SimpleNamespace:
+    d = runtime.device(_index(device))
+    return types.SimpleNamespace(name=get_device_name(device), platform=runtime.platform_name(),
+                                 device_kind=d.device_kind, index=_index(device))
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.bfloat16, torch.float16]
+
+
+@contextlib.contextmanager
+def set_eager_mode(mode) -> Iterator[None]:
+    """Context manager: run the block in ``mode`` (an ``EagerMode`` or its name).
+
+    Example:
+        >>> with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER):
+        ...     y = x + 1  # runs now, as its own program
+    """
+    with engine.MODE.scoped(mode):
+        yield
+
+
+class _TpuModule(types.ModuleType):
+    """Gives the module a settable ``eager_mode`` property."""
+
+    @property
+    def eager_mode(self) -> EagerMode:
+        return engine.MODE.current
+
+    @eager_mode.setter
+    def eager_mode(self, mode) -> None:
+        engine.MODE.set(mode)
+
+
+sys.modules[__name__].__class__ = _TpuModule
