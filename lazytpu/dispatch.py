@@ -34,6 +34,11 @@ aten = torch.ops.aten
 
 _HANDLERS: dict = {}
 
+# torch's decompositions to ATen (not the _refs ones, which produce prims).
+_DECOMPOSITIONS = {
+    op: fn for op, fn in decomposition_table.items() if not fn.__module__.startswith("torch._refs")
+}
+
 
 def handles(*ops):
     """Register a dispatch-level handler (Note [Resolution order], step 1)."""
@@ -62,33 +67,67 @@ def _describe(v):
     return ("cpu", v.shape, v.stride(), v.dtype)
 
 
-def _to_meta(v):
-    if type(v) is Scalar:
-        return v.value
-    return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
-
-
 def _is_tpu_device(d) -> bool:
     return (isinstance(d, torch.device) and d.type == "tpu") or (isinstance(d, str) and d.startswith("tpu"))
 
 
 def infer_meta(func, template, values):
-    """Run torch's meta kernel (memoized): output metas, or torch's error."""
+    """Output metas of ``func`` (memoized), or torch's own error.
+
+    Note [Meta errors]: meta kernels sometimes word errors differently from
+    the CPU kernels (they come from torch._refs), and some ops have no meta
+    kernel. On a meta failure the op is re-run on uninitialized CPU tensors of
+    the same shapes: its error is the one CPU torch users see; if it succeeds,
+    its outputs give the shapes and dtypes.
+    """
     key = (func, template, tuple(_describe(v) for v in values))
     hit = _META_MEMO.get(key)
     if hit is not None:
         return hit
-    args, kwargs = fill(template, [_to_meta(v) for v in values])
-    if _is_tpu_device(kwargs.get("device")):
-        kwargs["device"] = "meta"
-    out = func(*args, **kwargs)
+    try:
+        out = _run_on(func, template, values, "meta")
+    except Exception as meta_exc:
+        try:
+            out = _run_on(func, template, values, "cpu")
+        except Exception as cpu_exc:
+            raise cpu_exc.with_traceback(None) from None
+        if isinstance(meta_exc, NotImplementedError):
+            out = _as_meta(out)
+        else:
+            raise meta_exc.with_traceback(None) from None
     _META_MEMO[key] = out
+    return out
+
+
+def _run_on(func, template, values, device: str):
+    def convert(v):
+        if type(v) is Scalar:
+            return v.value
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device)
+
+    args, kwargs = fill(template, [convert(v) for v in values])
+    if _is_tpu_device(kwargs.get("device")):
+        kwargs["device"] = device
+    with torch.no_grad():
+        return func(*args, **kwargs)
+
+
+def _as_meta(out):
+    if isinstance(out, torch.Tensor):
+        return torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device="meta")
+    if isinstance(out, (list, tuple)):
+        return type(out)(_as_meta(o) for o in out)
     return out
 
 
 # -- recording -----------------------------------------------------------------
 
 _NO_LIFT = frozenset({"arange", "linspace", "logspace", "range", "full", "scalar_tensor"})
+
+
+# A Python float passed where the schema takes a Scalar, float or Tensor (a
+# wrapped number) is lifted (Note [Scalar lifting]).
+_LIFT_TYPES = frozenset({"Scalar", "float", "Scalar?", "float?", "Tensor", "Tensor?"})
 
 
 @functools.cache
@@ -98,7 +137,7 @@ def _liftable(func) -> tuple[frozenset, frozenset]:
         return frozenset(), frozenset()
     pos, names = set(), set()
     for i, arg in enumerate(func._schema.arguments):
-        if str(arg.type) in ("Scalar", "float", "Scalar?", "float?") and not arg.name.startswith("scale"):
+        if str(arg.type) in _LIFT_TYPES and not arg.name.startswith("scale"):
             (names if arg.kwarg_only else pos).add(arg.name if arg.kwarg_only else i)
     return frozenset(pos), frozenset(names)
 
@@ -401,7 +440,7 @@ def dispatch(func, args, kwargs):
         if functional is not None and _resolves(functional):
             return _run_out(func, functional, args, kwargs)
     if func not in _DECOMPOSING.ops:
-        decomp = decomposition_table.get(func)
+        decomp = _DECOMPOSITIONS.get(func)
         _DECOMPOSING.ops.add(func)
         try:
             if decomp is not None:
@@ -429,7 +468,7 @@ _DECOMPOSING = _Decomposing()
 @functools.cache
 def _resolves(func) -> bool:
     """Whether ``func`` runs on device (rule or decomposition)."""
-    return get_rule(func) is not None or func in decomposition_table or func._can_decompose()
+    return get_rule(func) is not None or func in _DECOMPOSITIONS or func._can_decompose()
 
 
 def _check_with_meta(func, args, kwargs) -> None:

@@ -39,7 +39,7 @@ def to_cpu(t, reason: str = "cpu") -> torch.Tensor:
     array = runtime.to_host(buffer_of(t, reason))
     bits = _BITS.get(t.dtype)
     if bits:
-        out = torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(t.dtype)
+        out = torch.from_numpy(np.array(array, copy=True).view(np.int16)).view(t.dtype)
     else:
         out = torch.from_numpy(np.array(array, copy=True))
     out = out.reshape(t.shape)

@@ -51,6 +51,11 @@ class LazyTensor(torch.Tensor):
             "Use Tensor.cpu() to copy the tensor to host memory first."
         )
 
+    def tolist(self):
+        from lazytpu import hostio
+
+        return hostio.to_cpu(self, reason="tolist").tolist()
+
     def __array__(self, dtype=None, copy=None):
         return self.numpy()
 

@@ -1,0 +1,30 @@
+# lazytpu: `make demo` and `make test` each set up their own virtualenv.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint venv clean
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first, pinned: an unpinned resolve would pull a multi-GB CUDA build
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q --timeout=900 tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check lazytpu tests examples
+	$(BIN)/ruff format --check lazytpu tests examples
+
+clean:
+	rm -rf $(VENV) *.egg-info

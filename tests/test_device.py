@@ -1,0 +1,126 @@
+"""The ``tpu`` device: registration, moves, host reads, torch.tpu."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import lazytpu
+
+
+def test_readme_example_prints_product_and_device():
+    code = (
+        "import torch, lazytpu\n"
+        "x = torch.randn(2, 2, device='tpu'); y = torch.randn(2, 2, device='tpu')\n"
+        "z = x @ y\n"
+        "print(z); print(z.device)\n"
+        "torch.testing.assert_close(z.cpu(), x.cpu() @ y.cpu())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "device='tpu:0'" in out.stdout
+    assert out.stdout.strip().endswith("tpu:0")
+
+
+def test_device_objects():
+    assert torch.device("tpu").type == "tpu"
+    assert torch.accelerator.current_accelerator() == torch.device("tpu")
+    x = torch.ones(3).to("tpu")
+    assert x.device == torch.device("tpu", 0)
+    assert isinstance(x, lazytpu.LazyTensor)
+
+
+def test_round_trip_keeps_values_and_dtypes():
+    for dtype in (torch.float32, torch.float64, torch.int64, torch.int32, torch.bool, torch.bfloat16, torch.float16):
+        cpu = (torch.arange(12).reshape(3, 4) % 5).to(dtype)
+        back = cpu.to("tpu").cpu()
+        assert back.dtype == dtype
+        torch.testing.assert_close(back, cpu)
+        assert cpu.to("tpu").to("cpu").dtype == dtype
+
+
+def test_host_reads():
+    x = torch.tensor([1.5, 2.5]).to("tpu")
+    assert (x * 2).tolist() == [3.0, 5.0]
+    assert (x.sum()).item() == 4.0
+    assert isinstance(x[0].item(), float)
+    assert bool(x.sum() > 3) is True
+    assert torch.tensor(7).to("tpu").item() == 7
+
+
+def test_repr_matches_cuda_style():
+    x = torch.tensor([[1.0, 2.0]]).to("tpu")
+    assert repr(x) == "tensor([[1., 2.]], device='tpu:0')"
+    i = torch.tensor([1, 2], dtype=torch.int32).to("tpu")
+    assert repr(i) == "tensor([1, 2], device='tpu:0', dtype=torch.int32)"
+    g = torch.ones(2).to("tpu").requires_grad_()
+    assert repr(g) == "tensor([1., 1.], device='tpu:0', requires_grad=True)"
+    assert "grad_fn=<MulBackward0>" in repr(g * 2)
+
+
+def test_numpy_fails_as_on_cuda():
+    x = torch.ones(2).to("tpu")
+    with pytest.raises(TypeError, match="can't convert tpu:0 device type tensor to numpy"):
+        x.numpy()
+
+
+def test_manual_seed_reproducible():
+    torch.manual_seed(123)
+    a = torch.randn(4, 4, device="tpu").cpu()
+    b = torch.randn(4, 4, device="tpu").cpu()
+    torch.manual_seed(123)
+    c = torch.randn(4, 4, device="tpu").cpu()
+    torch.testing.assert_close(a, c)
+    assert not torch.equal(a, b)
+    torch.tpu.manual_seed(5)
+    d = torch.randn(3, device="tpu").cpu()
+    torch.tpu.manual_seed_all(5)
+    torch.testing.assert_close(d, torch.randn(3, device="tpu").cpu())
+
+
+def test_rng_state_roundtrip():
+    state = torch.tpu.get_rng_state()
+    a = torch.randn(5, device="tpu").cpu()
+    torch.tpu.set_rng_state(state)
+    torch.testing.assert_close(a, torch.randn(5, device="tpu").cpu())
+
+
+def test_torch_tpu_module():
+    assert torch.tpu.is_available()
+    assert torch.tpu.device_count() >= 1
+    assert torch.tpu.current_device() == 0
+    name = torch.tpu.get_device_name()
+    assert "cpu" in name.lower() or "gpu" in name.lower() or "tpu" in name.lower()
+    torch.tpu.synchronize()
+    assert set(torch.tpu.__all__) >= {"is_available", "device_count", "current_device", "synchronize",
+                                      "manual_seed", "manual_seed_all", "get_device_name", "EagerMode"}
+
+
+def test_module_to_tpu_trains():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    ref = torch.nn.Linear(4, 3)
+    ref.load_state_dict(model.state_dict())
+    model.to("tpu")
+    assert all(p.device.type == "tpu" for p in model.parameters())
+    assert all(isinstance(p, torch.nn.Parameter) for p in model.parameters())
+    x = torch.randn(8, 4)
+    for m, inp in ((model, x.to("tpu")), (ref, x)):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            m(inp).square().mean().backward()
+            opt.step()
+    torch.testing.assert_close(model.weight.detach().cpu(), ref.weight.detach())
+    torch.testing.assert_close(model.bias.detach().cpu(), ref.bias.detach())
+
+
+def test_platform_choice_errors_name_what_is_present():
+    code = "import torch, lazytpu; torch.ones(1, device='tpu').cpu()"
+    env = {"LAZYTPU_PLATFORM": "tpu", "PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode != 0
+    assert "RuntimeError" in out.stderr and "present: cpu" in out.stderr

@@ -1,0 +1,51 @@
+"""torch's own errors, raised at the line that caused them."""
+
+from __future__ import annotations
+
+import traceback
+
+import pytest
+import torch
+
+
+def test_broadcast_error_raised_at_the_line():
+    a = torch.randn(2, 3, device="tpu")
+    b = torch.randn(4, device="tpu")
+    with pytest.raises(RuntimeError) as tpu_err:
+        a + b  # the offending line
+    with pytest.raises(RuntimeError) as cpu_err:
+        torch.randn(2, 3) + torch.randn(4)
+    assert str(tpu_err.value) == str(cpu_err.value)
+    frames = traceback.extract_tb(tpu_err.tb)
+    assert frames[0].line == "a + b  # the offending line"
+
+
+def test_mixing_cpu_and_tpu_raises_like_cuda():
+    a = torch.randn(3, device="tpu")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        a + torch.randn(3)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.randn(3) * a
+
+
+def test_scalars_and_zero_dim_cpu_tensors_are_allowed():
+    a = torch.tensor([1.0, 2.0]).to("tpu")
+    torch.testing.assert_close((a + torch.tensor(2.0)).cpu(), torch.tensor([3.0, 4.0]))
+    torch.testing.assert_close((a * 3).cpu(), torch.tensor([3.0, 6.0]))
+
+
+def test_error_leaves_state_usable():
+    a = torch.randn(2, 3, device="tpu")
+    with pytest.raises(RuntimeError):
+        a + torch.randn(5, device="tpu")
+    torch.testing.assert_close((a + 1).cpu(), a.cpu() + 1)
+
+
+def test_dtype_error_for_inplace_matches_torch():
+    i = torch.ones(3, dtype=torch.int64)
+    with pytest.raises(RuntimeError) as cpu_err:
+        i.add_(torch.ones(3) * 0.5)
+    t = i.to("tpu")
+    with pytest.raises(RuntimeError) as tpu_err:
+        t.add_(torch.ones(3, device="tpu") * 0.5)
+    assert str(tpu_err.value) == str(cpu_err.value)

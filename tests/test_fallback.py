@@ -1,0 +1,66 @@
+"""Ops with no lowering: CPU fallback, counted and warned once; or an error."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+
+import torch
+
+import lazytpu
+from lazytpu import _config
+
+# An op no lowering rule, decomposition or composite covers.
+aten = torch.ops.aten
+
+
+def _fallback_op(x):
+    return torch.ops.aten._cdist_forward(x, x, 2.0, None)
+
+
+def test_fallback_matches_cpu_counted_and_warned_once():
+    x = torch.randn(4, 3)
+    lazytpu.metrics.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        a = _fallback_op(x.to("tpu"))
+        b = _fallback_op(x.to("tpu") + 0)
+    assert a.device.type == "tpu"
+    torch.testing.assert_close(a.cpu(), _fallback_op(x))
+    torch.testing.assert_close(b.cpu(), _fallback_op(x))
+    assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {"aten._cdist_forward.default": 2}
+    relevant = [w for w in caught if "_cdist_forward" in str(w.message)]
+    assert len(relevant) <= 1  # once per op per process
+
+
+def test_fallback_result_keeps_recording():
+    x = torch.randn(4, 3).to("tpu")
+    y = _fallback_op(x) * 2 + 1
+    assert y._lt_storage.pending
+    torch.testing.assert_close(y.cpu(), _fallback_op(x.cpu()) * 2 + 1)
+
+
+def test_fallback_off_raises_not_implemented_naming_the_op():
+    with _config.CPU_FALLBACK.override(False):
+        try:
+            _fallback_op(torch.randn(2, 2).to("tpu"))
+        except NotImplementedError as exc:
+            assert "_cdist_forward" in str(exc)
+        else:
+            raise AssertionError("expected NotImplementedError")
+
+
+def test_fallback_env_var():
+    env = dict(os.environ, LAZYTPU_CPU_FALLBACK="0")
+    code = (
+        "import torch, lazytpu\n"
+        "try:\n"
+        "    torch.ops.aten._cdist_forward(torch.ones(2, 2, device='tpu'), torch.ones(2, 2, device='tpu'), 2.0, None)\n"
+        "except NotImplementedError as e:\n"
+        "    print('NIE', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("NIE") and "_cdist_forward" in out.stdout

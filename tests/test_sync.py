@@ -1,0 +1,108 @@
+"""Sync points, one program per sync, DCE and the canonical program key."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import programs_run
+
+import lazytpu
+
+
+def _syncs() -> dict:
+    return lazytpu.metrics.snapshot()["syncs"]
+
+
+@pytest.mark.parametrize(
+    "read, reason",
+    [
+        (lambda t: t.cpu(), "cpu"),
+        (lambda t: t.sum().item(), "item"),
+        (lambda t: t.tolist(), "tolist"),
+        (lambda t: bool(t.sum() > 0), "item"),
+        (lambda t: repr(t), "cpu"),
+        (lambda t: torch.tpu.synchronize(), "synchronize"),
+        (lambda t: lazytpu.sync(), "lazytpu.sync"),
+    ],
+)
+def test_each_sync_point_materializes(read, reason):
+    x = torch.ones(4).to("tpu")
+    y = x * 3 + 1
+    assert y._lt_storage.pending
+    lazytpu.metrics.reset()
+    read(y)
+    assert not y._lt_storage.pending
+    assert lazytpu.metrics.snapshot()["programs_executed"] >= 1
+    if reason is not None:
+        assert _syncs().get(reason, 0) >= 1
+
+
+def test_one_program_materializes_every_live_tensor():
+    x = torch.randn(8).to("tpu")
+    lazytpu.sync()
+    a, b, c = x + 1, x * 2, (x + 1) * (x * 2)
+    lazytpu.metrics.reset()
+    c.cpu()
+    assert lazytpu.metrics.snapshot()["programs_executed"] == 1
+    assert not a._lt_storage.pending and not b._lt_storage.pending
+    assert programs_run(lambda: (a.cpu(), b.cpu())) == 0
+
+
+def test_dead_tensors_are_never_computed():
+    x = torch.randn(13).to("tpu")  # a shape no other test compiles
+    lazytpu.sync()
+    lazytpu.metrics.reset()
+    keep = x + 1
+    dead = x * 100  # noqa: F841
+    del dead
+    keep.cpu()
+    assert lazytpu.metrics.snapshot()["programs_compiled"] == 1
+    # one recorded op reached the program; its key has a single node
+    from lazytpu.runtime.executor import _CACHE
+
+    last_key = list(_CACHE.entries)[-1]
+    assert len(last_key[0]) == 1
+
+
+def test_program_cache_hits_whatever_the_buffers():
+    def step(a, b):
+        return (a * b + 2).cpu()
+
+    x, y = torch.randn(6).to("tpu"), torch.randn(6).to("tpu")
+    step(x, y)
+    lazytpu.metrics.reset()
+    u, v = torch.randn(6).to("tpu"), torch.randn(6).to("tpu")
+    step(u, v)
+    snap = lazytpu.metrics.snapshot()
+    assert snap["programs_compiled"] == 0 and snap["cache_hits"] == 1
+
+
+def test_x_plus_x_differs_from_x_plus_y():
+    x, y = torch.randn(6).to("tpu"), torch.randn(6).to("tpu")
+    (x + y).cpu()
+    lazytpu.metrics.reset()
+    torch.testing.assert_close((x + x).cpu(), 2 * x.cpu())
+    assert lazytpu.metrics.snapshot()["programs_compiled"] == 1
+
+
+def test_new_shape_recompiles():
+    (torch.randn(3).to("tpu") + 1).cpu()
+    lazytpu.metrics.reset()
+    (torch.randn(5).to("tpu") + 1).cpu()
+    assert lazytpu.metrics.snapshot()["programs_compiled"] == 1
+
+
+def test_changing_float_does_not_recompile():
+    x = torch.randn(4).to("tpu")
+    (x * 0.5).cpu()
+    lazytpu.metrics.reset()
+    for lr in (0.1, 0.2, 0.3):
+        torch.testing.assert_close((x * lr).cpu(), x.cpu() * lr)
+    assert lazytpu.metrics.snapshot()["programs_compiled"] == 0
+
+
+def test_int64_and_float64_survive():
+    big = torch.tensor([2**40 + 1, -(2**50)], dtype=torch.int64)
+    assert (big.to("tpu") + 1).cpu().tolist() == [2**40 + 2, -(2**50) + 1]
+    f = torch.tensor([1.0 + 1e-12], dtype=torch.float64)
+    assert (f.to("tpu") * 1.0).cpu().item() == 1.0 + 1e-12
