@@ -127,7 +127,7 @@ _NO_LIFT = frozenset({"arange", "linspace", "logspace", "range", "full", "scalar
 
 # A Python float passed where the schema takes a Scalar, float or Tensor (a
 # wrapped number) is lifted (Note [Scalar lifting]).
-_LIFT_TYPES = frozenset({"Scalar", "float", "Scalar?", "float?", "Tensor", "Tensor?"})
+_LIFT_TYPES = frozenset({"number", "float", "Optional[number]", "Optional[float]", "Tensor", "Optional[Tensor]"})
 
 
 @functools.cache

@@ -69,6 +69,7 @@ class DeviceContext:
         self.index = index
         self.graph = PendingGraph()
         self.seed = DEFAULT_SEED
+        self.last_outputs: tuple = ()  # what synchronize() waits for
 
     # -- random state ---------------------------------------------------
     def manual_seed(self, seed: int) -> None:
@@ -103,19 +104,26 @@ class DeviceContext:
         if MODE.current is not EagerMode.DEFER_AND_FUSE:
             self.flush("strict")
 
-    def flush(self, reason: str) -> None:
-        """Materialize every live pending value in one program."""
+    def flush(self, reason: str) -> tuple:
+        """Materialize every live pending value in one program.
+
+        Returns:
+            The program's output buffers (still computing: dispatch is
+            asynchronous), or ``()`` when nothing was pending.
+        """
         with self.graph.lock:
             roots = self.graph.roots()
             metrics.count("syncs", reason)
             if not roots:
-                return
+                return ()
             program, inputs, distinct = build_program(roots)
             blocking = MODE.current is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
             outs = runtime.execute(
                 program.key, lambda: lower_program(program), inputs, index=self.index, blocking=blocking
             )
             self.graph.rebind({r: Data(buf, r.aval) for r, buf in zip(distinct, outs)})
+            self.last_outputs = outs
+            return outs
 
 
 class _ModeState:

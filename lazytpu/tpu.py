@@ -83,9 +83,7 @@ def synchronize(device=None) -> None:
     """Run everything pending on ``device`` and wait for it."""
     ctx = engine.context(_index(device))
     ctx.flush("synchronize")
-    with ctx.graph.lock:
-        buffers = [s.value.buffer for s in list(ctx.graph._live) if hasattr(s.value, "buffer")]
-    jax.block_until_ready(buffers)
+    jax.block_until_ready(ctx.last_outputs)
 
 
 def manual_seed(seed: int) -> None:

@@ -9,6 +9,11 @@ storage. Nodes themselves never change.
 Every storage that holds a pending value is in the graph's weak registry; a
 storage that dies takes its pending work with it (nothing reaches the node any
 more, so a sync never computes it).
+
+Note [Deterministic roots]: a sync's roots are taken in the order their
+storages first became pending. Any order that depends on memory addresses
+would make the same loop produce differently ordered programs, and so new
+program keys and recompiles, step after step.
 """
 
 from __future__ import annotations
@@ -51,12 +56,14 @@ class PendingGraph:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self._live: weakref.WeakSet[Storage] = weakref.WeakSet()
+        # Insertion-ordered (unlike a WeakSet), so the same recording gives the
+        # same program key (Note [Deterministic roots]).
+        self._live: weakref.WeakKeyDictionary[Storage, None] = weakref.WeakKeyDictionary()
         self.rng: Data | Output | None = None
         self.pending_ops = 0
 
     def track(self, storage: Storage) -> None:
-        self._live.add(storage)
+        self._live[storage] = None
 
     def pending_storages(self) -> list[Storage]:
         """Storages that hold pending values now."""

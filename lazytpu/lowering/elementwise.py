@@ -1,19 +1,505 @@
-"""Elementwise arithmetic, math, comparisons and logic."""
+"""Elementwise arithmetic, math, comparisons and logic.
+
+Note [Computation dtype]: JAX promotes types differently from torch (int64 +
+2.5 is float64 in JAX, float32 in torch; a 0-d tensor loses to a dimensioned
+one in torch only). Rules therefore cast their operands with ``promote``,
+which asks torch's own ``elementwise_dtypes`` for the dtype torch computes in
+(float32 for half types, the "opmath" dtype), so values match CPU torch. The
+result is cast to the dtype torch's meta kernel inferred, outside the rule.
+Lifted Python scalars arrive as weakly typed JAX scalars and count as Python
+numbers here, as they do in torch.
+"""
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import torch
+from jax import lax
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Kind
+from torch._prims_common import elementwise_dtypes
 
+from lazytpu import _dtypes
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
 
+_NUMBER = (bool, int, float, complex)
+
+
+def _probe(v):
+    """What torch's type promotion sees of a rule argument."""
+    if isinstance(v, _NUMBER):
+        return v
+    if v.weak_type:  # a lifted Python scalar (Note [Scalar lifting])
+        if jnp.issubdtype(v.dtype, jnp.complexfloating):
+            return 1j
+        return 1.0 if jnp.issubdtype(v.dtype, jnp.floating) else (True if v.dtype == jnp.bool_ else 1)
+    return torch.empty(v.shape, dtype=_dtypes.to_torch(v.dtype), device="meta")
+
+
+def promote(*xs, kind=Kind.DEFAULT) -> tuple:
+    """``xs`` cast to the dtype torch computes in (Note [Computation dtype]).
+
+    ``None`` entries (absent optional operands) stay ``None``.
+    """
+    compute, _ = elementwise_dtypes(*(_probe(x) for x in xs if x is not None), type_promotion_kind=kind)
+    dtype = _dtypes.to_jax(compute)
+    return tuple(None if x is None else jnp.asarray(x, dtype) for x in xs)
+
+
+def _is_int(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_
+
+
+def _scaled(y, alpha):
+    if type(alpha) in (bool, int) and alpha == 1:
+        return y
+    return y * jnp.asarray(alpha, y.dtype)
+
+
+# -- arithmetic ------------------------------------------------------------------
+
 
 @lowering(aten.add.Tensor, aten.add.Scalar)
 def add(x, y, *, alpha=1):
-    return x + y * alpha if alpha is not None else x + y
+    x, y = promote(x, y)
+    return x + _scaled(y, alpha)
+
+
+@lowering(aten.sub.Tensor, aten.sub.Scalar)
+def sub(x, y, *, alpha=1):
+    x, y = promote(x, y)
+    return x - _scaled(y, alpha)
+
+
+@lowering(aten.rsub.Tensor, aten.rsub.Scalar)
+def rsub(x, y, *, alpha=1):
+    x, y = promote(x, y)
+    return y - _scaled(x, alpha)
 
 
 @lowering(aten.mul.Tensor, aten.mul.Scalar)
 def mul(x, y):
+    x, y = promote(x, y)
     return x * y
+
+
+@lowering(aten.div.Tensor, aten.div.Scalar)
+def div(x, y):
+    x, y = promote(x, y, kind=Kind.INT_TO_FLOAT)
+    return x / y
+
+
+def _floor_divide(x, y):
+    if _is_int(x):
+        return jnp.floor_divide(x, y)
+    # torch's div_floor_floating (c10/util/generic_math.h), for equal values
+    mod = jnp.fmod(x, y)
+    quot = (x - mod) / y
+    quot = jnp.where((mod != 0) & ((y < 0) != (mod < 0)), quot - 1, quot)
+    floor = jnp.floor(quot)
+    floor = jnp.where(quot - floor > 0.5, floor + 1, floor)
+    floor = jnp.where(quot == 0, jnp.copysign(jnp.zeros_like(quot), x / y), floor)
+    return jnp.where(y == 0, x / y, floor)
+
+
+@lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div_mode(x, y, *, rounding_mode=None):
+    if rounding_mode is None:
+        return div(x, y)
+    x, y = promote(x, y)
+    if rounding_mode == "floor":
+        return _floor_divide(x, y)
+    return lax.div(*jnp.broadcast_arrays(x, y)) if _is_int(x) else jnp.trunc(x / y)
+
+
+@lowering(aten.floor_divide.default, aten.floor_divide.Scalar)
+def floor_divide(x, y):
+    return _floor_divide(*promote(x, y))
+
+
+@lowering(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
+def remainder(x, y):
+    x, y = promote(x, y)
+    mod = jnp.fmod(x, y)
+    return jnp.where((mod != 0) & ((y < 0) != (mod < 0)), mod + y, mod)
+
+
+@lowering(aten.fmod.Tensor, aten.fmod.Scalar)
+def fmod(x, y):
+    return jnp.fmod(*promote(x, y))  # C's fmod: the sign of x
+
+
+def _int_pow(a, b):
+    # torch's powi: exact integer powers, wrapping; negative exponents give
+    # 1, +-1 or 0 (c10/util/generic_math.h).
+    acc, base, e = jnp.ones_like(a), a, jnp.where(b < 0, 0, b)
+    for _ in range(8 * a.dtype.itemsize):
+        acc = jnp.where(e & 1, acc * base, acc)
+        base, e = base * base, e >> 1
+    neg = jnp.where(a == 1, 1, jnp.where(a == -1, jnp.where(b & 1, -1, 1), 0)).astype(a.dtype)
+    return jnp.where(b < 0, neg, acc)
+
+
+@lowering(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
+def pow_(x, y):
+    if type(y) is int and not isinstance(x, _NUMBER) and jnp.issubdtype(x.dtype, jnp.inexact):
+        return lax.integer_pow(x, y)  # x * x for 2, as torch's CPU kernel
+    x, y = promote(x, y, kind=Kind.BOOL_TO_LONG)
+    if _is_int(x):
+        return _int_pow(x, y)
+    return jnp.power(x, y)
+
+
+@lowering(aten.lerp.Scalar, aten.lerp.Tensor)
+def lerp(x, end, weight):
+    x, end, weight = promote(x, end, weight)
+    diff = end - x
+    return jnp.where(jnp.abs(weight) < 0.5, x + weight * diff, end - diff * (1 - weight))
+
+
+@lowering(aten.addcmul.default)
+def addcmul(x, t1, t2, *, value=1):
+    x, t1, t2 = promote(x, t1, t2)
+    return x + _scaled(t1, value) * t2
+
+
+@lowering(aten.addcdiv.default)
+def addcdiv(x, t1, t2, *, value=1):
+    x, t1, t2 = promote(x, t1, t2)
+    return x + _scaled(t1, value) / t2
+
+
+@lowering(aten.maximum.default)
+def maximum(x, y):
+    return jnp.maximum(*promote(x, y))
+
+
+@lowering(aten.minimum.default)
+def minimum(x, y):
+    return jnp.minimum(*promote(x, y))
+
+
+@lowering(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_min.Tensor)
+def clamp(x, min=None, max=None):
+    x, lo, hi = promote(x, min, max)
+    if lo is not None:
+        x = jnp.maximum(x, lo)  # NaN in x or a bound propagates, as in torch
+    if hi is not None:
+        x = jnp.minimum(x, hi)
+    return x
+
+
+@lowering(aten.clamp_max.default, aten.clamp_max.Tensor)
+def clamp_max(x, max):
+    return clamp(x, None, max)
+
+
+# -- unary math --------------------------------------------------------------------
+
+
+def _unary(fn, kind):
+    def rule(x):
+        (x,) = promote(x, kind=kind)
+        return fn(x)
+
+    rule.__qualname__ = rule.__name__ = f"unary_{fn.__name__}"
+    return rule
+
+
+def _sign(x):
+    return x if x.dtype == jnp.bool_ else jnp.sign(x)
+
+
+def _abs(x):
+    return x if x.dtype == jnp.bool_ else jnp.abs(x)
+
+
+def _integral_or(fn):
+    def rounded(x):
+        return x if _is_int(x) else fn(x)
+
+    rounded.__name__ = fn.__name__
+    return rounded
+
+
+def _reciprocal(x):
+    return 1 / x
+
+
+def _sigmoid(x):
+    return 1 / (1 + jnp.exp(-x))  # torch's CPU formula (no tanh-based cancellation)
+
+
+_UNARY = {
+    # int inputs compute in the default float dtype
+    Kind.INT_TO_FLOAT: {
+        aten.exp.default: jnp.exp,
+        aten.exp2.default: jnp.exp2,
+        aten.expm1.default: jnp.expm1,
+        aten.log.default: jnp.log,
+        aten.log1p.default: jnp.log1p,
+        aten.log2.default: jnp.log2,
+        aten.sqrt.default: jnp.sqrt,
+        aten.rsqrt.default: lax.rsqrt,
+        aten.reciprocal.default: _reciprocal,
+        aten.sin.default: jnp.sin,
+        aten.cos.default: jnp.cos,
+        aten.tanh.default: jnp.tanh,
+        aten.sigmoid.default: _sigmoid,
+        aten.erf.default: lax.erf,
+    },
+    Kind.DEFAULT: {
+        aten.neg.default: jnp.negative,
+        aten.sign.default: _sign,
+        aten.sgn.default: _sign,
+        aten.floor.default: _integral_or(jnp.floor),
+        aten.ceil.default: _integral_or(jnp.ceil),
+        aten.trunc.default: _integral_or(jnp.trunc),
+        aten.round.default: _integral_or(jnp.round),  # half to even, as nearbyint
+        aten.bitwise_not.default: jnp.invert,
+        aten.conj_physical.default: jnp.conj,
+    },
+    Kind.COMPLEX_TO_FLOAT: {aten.abs.default: _abs},
+}
+for _kind, _table in _UNARY.items():
+    for _op, _fn in _table.items():
+        lowering(_op)(_unary(_fn, _kind))
+
+
+@lowering(aten.round.decimals)
+def round_decimals(x, *, decimals=0):
+    if _is_int(x):
+        return x
+    (x,) = promote(x)
+    if decimals < 0:
+        scale = 10.0 ** (-decimals)
+        return jnp.round(x / scale) * scale
+    scale = 10.0**decimals
+    return jnp.round(x * scale) / scale
+
+
+@lowering(aten.nan_to_num.default)
+def nan_to_num(x, nan=None, posinf=None, neginf=None):
+    if _is_int(x):
+        return x
+    info = jnp.finfo(x.dtype)
+    x = jnp.where(jnp.isnan(x), 0.0 if nan is None else nan, x)
+    x = jnp.where(x == jnp.inf, info.max if posinf is None else posinf, x)
+    return jnp.where(x == -jnp.inf, info.min if neginf is None else neginf, x)
+
+
+# -- predicates ----------------------------------------------------------------------
+
+
+@lowering(aten.isnan.default)
+def isnan(x):
+    return jnp.isnan(x)
+
+
+@lowering(aten.isinf.default)
+def isinf(x):
+    return jnp.isinf(x)
+
+
+@lowering(aten.isfinite.default)
+def isfinite(x):
+    return jnp.isfinite(x)
+
+
+@lowering(aten.isposinf.default)
+def isposinf(x):
+    return jnp.isposinf(x)
+
+
+@lowering(aten.isneginf.default)
+def isneginf(x):
+    return jnp.isneginf(x)
+
+
+@lowering(aten.signbit.default)
+def signbit(x):
+    return x < 0 if _is_int(x) else jnp.signbit(x)
+
+
+# -- comparisons and logic -------------------------------------------------------------
+
+
+def _compare(fn):
+    def rule(x, y):
+        return fn(*promote(x, y))
+
+    rule.__qualname__ = rule.__name__ = f"compare_{fn.__name__}"
+    return rule
+
+
+for _name, _fn in {
+    "eq": jnp.equal,
+    "ne": jnp.not_equal,
+    "lt": jnp.less,
+    "le": jnp.less_equal,
+    "gt": jnp.greater,
+    "ge": jnp.greater_equal,
+    "bitwise_and": jnp.bitwise_and,
+    "bitwise_or": jnp.bitwise_or,
+    "bitwise_xor": jnp.bitwise_xor,
+}.items():
+    _packet = getattr(aten, _name)
+    _overloads = ("Tensor", "Scalar", "Scalar_Tensor") if _name.startswith("bitwise") else ("Tensor", "Scalar")
+    lowering(*(getattr(_packet, o) for o in _overloads))(_compare(_fn))
+
+
+@lowering(aten.logical_not.default)
+def logical_not(x):
+    return x == 0
+
+
+@lowering(aten.logical_and.default)
+def logical_and(x, y):
+    return (x != 0) & (y != 0)
+
+
+@lowering(aten.logical_or.default)
+def logical_or(x, y):
+    return (x != 0) | (y != 0)
+
+
+@lowering(aten.logical_xor.default)
+def logical_xor(x, y):
+    return (x != 0) ^ (y != 0)
+
+
+@lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def where(condition, x, y):
+    x, y = promote(x, y)
+    return jnp.where(condition.astype(jnp.bool_), x, y)
+
+
+@lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(x, mask, value):
+    return jnp.where(mask, jnp.asarray(value).astype(x.dtype), x)
+
+
+# -- activations and their backward ops ----------------------------------------------
+
+
+@lowering(aten.relu.default)
+def relu(x):
+    return jnp.maximum(x, jnp.zeros((), x.dtype))  # NaN stays NaN
+
+
+@lowering(aten.threshold.default)
+def threshold(x, threshold, value):
+    # the CPU kernel compares in x's dtype
+    return jnp.where(x <= jnp.asarray(threshold, x.dtype), jnp.asarray(value, x.dtype), x)
+
+
+@lowering(aten.threshold_backward.default)
+def threshold_backward(grad, x, threshold):
+    grad, x = promote(grad, x)
+    return jnp.where(x <= threshold, jnp.zeros((), grad.dtype), grad)
+
+
+@lowering(aten.sigmoid_backward.default)
+def sigmoid_backward(grad, y):
+    grad, y = promote(grad, y)
+    return grad * (1 - y) * y
+
+
+@lowering(aten.tanh_backward.default)
+def tanh_backward(grad, y):
+    grad, y = promote(grad, y)
+    return grad * (1 - y * y)
+
+
+_SQRT1_2 = 0.70710678118654752440
+_2_SQRTPI = 1.12837916709551257390
+_TANH_BETA = 2**0.5 * _2_SQRTPI * 0.5
+_TANH_KAPPA = 0.044715
+
+
+@lowering(aten.gelu.default)
+def gelu(x, *, approximate="none"):
+    (x,) = promote(x)
+    if approximate == "tanh":
+        return 0.5 * x * (1 + jnp.tanh(_TANH_BETA * (x + _TANH_KAPPA * x * x * x)))
+    return x * 0.5 * (1 + lax.erf(x * _SQRT1_2))
+
+
+@lowering(aten.gelu_backward.default)
+def gelu_backward(grad, x, *, approximate="none"):
+    grad, x = promote(grad, x)
+    if approximate == "tanh":
+        x_sq = x * x
+        tanh_inner = jnp.tanh(_TANH_BETA * (x + _TANH_KAPPA * x_sq * x))
+        right = 0.5 * x * (1 - tanh_inner * tanh_inner) * (_TANH_BETA * (1 + 3 * _TANH_KAPPA * x_sq))
+        return grad * (0.5 * (1 + tanh_inner) + right)
+    cdf = 0.5 * (1 + lax.erf(x * _SQRT1_2))
+    pdf = (_2_SQRTPI * _SQRT1_2 * 0.5) * jnp.exp(x * x * -0.5)
+    return grad * (cdf + x * pdf)
+
+
+@lowering(aten.silu.default)
+def silu(x):
+    (x,) = promote(x)
+    return x / (1 + jnp.exp(-x))
+
+
+@lowering(aten.silu_backward.default)
+def silu_backward(grad, x):
+    grad, x = promote(grad, x)
+    s = _sigmoid(x)
+    return grad * s * (1 + x * (1 - s))
+
+
+@lowering(aten.softplus.default)
+def softplus(x, beta=1, threshold=20):
+    (x,) = promote(x)
+    z = x * beta
+    return jnp.where(z > threshold, x, jnp.log1p(jnp.exp(z)) / beta)
+
+
+@lowering(aten.softplus_backward.default)
+def softplus_backward(grad, x, beta, threshold):
+    grad, x = promote(grad, x)
+    z = jnp.exp(x * beta)
+    return jnp.where(x * beta > threshold, grad, grad * z / (z + 1))
+
+
+@lowering(aten.leaky_relu.default)
+def leaky_relu(x, negative_slope=0.01):
+    (x,) = promote(x)
+    return jnp.where(x > 0, x, x * negative_slope)
+
+
+@lowering(aten.leaky_relu_backward.default)
+def leaky_relu_backward(grad, x, negative_slope, self_is_result):
+    grad, x = promote(grad, x)
+    return jnp.where(x > 0, grad, grad * negative_slope)
+
+
+@lowering(aten.elu.default)
+def elu(x, alpha=1, scale=1, input_scale=1):
+    (x,) = promote(x)
+    return jnp.where(x <= 0, jnp.expm1(x * input_scale) * (alpha * scale), x * scale)
+
+
+@lowering(aten.elu_backward.default)
+def elu_backward(grad, alpha, scale, input_scale, is_result, self_or_result):
+    grad, y = promote(grad, self_or_result)
+    if is_result:
+        neg = grad * input_scale * (y + alpha * scale)
+    else:
+        neg = grad * input_scale * (alpha * scale) * jnp.exp(y * input_scale)
+    return jnp.where(y <= 0, neg, grad * scale)
+
+
+@lowering(aten.hardtanh.default)
+def hardtanh(x, min_val=-1, max_val=1):
+    return clamp(x, min_val, max_val)
+
+
+@lowering(aten.hardtanh_backward.default)
+def hardtanh_backward(grad, x, min_val, max_val):
+    grad, x = promote(grad, x)
+    return jnp.where((x <= min_val) | (x >= max_val), jnp.zeros((), grad.dtype), grad)

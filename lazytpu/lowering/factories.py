@@ -1,6 +1,18 @@
-"""Factories and conversions: empty, full, arange, _to_copy, clone."""
+"""Factories and conversions: empty, full, fill, arange, linspace, eye, _to_copy.
+
+``torch.zeros(..., device="tpu")`` and most other factories reach the
+dispatcher as ``empty`` followed by an in-place fill (``zero_``, ``fill_``)
+or an ``out=`` op (``arange.start_out``, ``eye.m_out``); the dispatcher maps
+those to the functional overloads registered here.
+
+Note [Factory arithmetic]: ``arange`` and ``linspace`` reproduce the formulas
+of torch's CPU kernels (accumulation type and the two-sided ``linspace``), so
+their values match CPU torch exactly, not just to a tolerance.
+"""
 
 from __future__ import annotations
+
+import math
 
 import jax.numpy as jnp
 import torch
@@ -15,6 +27,30 @@ def _jdtype(dtype):
     return _dtypes.to_jax(dtype if dtype is not None else torch.get_default_dtype())
 
 
+def _value_dtype(value, dtype):
+    """The dtype of a factory filled with the Python ``value`` (torch's rule)."""
+    if dtype is not None:
+        return _dtypes.to_jax(dtype)
+    if isinstance(value, bool):
+        return jnp.bool_
+    if isinstance(value, int):
+        return jnp.int64
+    if isinstance(value, complex):
+        return _dtypes.to_jax(torch.complex128 if torch.get_default_dtype() == torch.float64 else torch.complex64)
+    return _jdtype(None)
+
+
+def _like_dtype(x, dtype):
+    return x.dtype if dtype is None else _dtypes.to_jax(dtype)
+
+
+def _is_integral(jdtype) -> bool:
+    return jnp.issubdtype(jdtype, jnp.integer) or jnp.dtype(jdtype) == jnp.bool_
+
+
+# -- constant fills ------------------------------------------------------------
+
+
 @lowering(aten.empty.memory_format)
 def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     # Uninitialized memory in torch; zeros here (deterministic, and usually dead).
@@ -26,11 +62,129 @@ def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_mem
     return jnp.zeros(tuple(size), _jdtype(dtype))
 
 
+@lowering(aten.zeros.default)
+def zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(tuple(size), _jdtype(dtype))
+
+
+@lowering(aten.ones.default)
+def ones(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.ones(tuple(size), _jdtype(dtype))
+
+
+@lowering(aten.full.default)
+def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.full(tuple(size), fill_value, _value_dtype(fill_value, dtype))
+
+
+@lowering(aten.empty_like, aten.zeros_like)
+def zeros_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.zeros(x.shape, _like_dtype(x, dtype))
+
+
+@lowering(aten.ones_like)
+def ones_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.ones(x.shape, _like_dtype(x, dtype))
+
+
+@lowering(aten.full_like)
+def full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.full(x.shape, fill_value, _like_dtype(x, dtype))
+
+
+@lowering(aten.new_empty, aten.new_zeros)
+def new_zeros(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(tuple(size), _like_dtype(x, dtype))
+
+
+@lowering(aten.new_empty_strided)
+def new_empty_strided(x, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(tuple(size), _like_dtype(x, dtype))
+
+
+@lowering(aten.new_ones)
+def new_ones(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.ones(tuple(size), _like_dtype(x, dtype))
+
+
+@lowering(aten.new_full)
+def new_full(x, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.full(tuple(size), fill_value, _like_dtype(x, dtype))
+
+
+@lowering(aten.fill.Scalar)
+def fill(x, value):
+    return jnp.full(x.shape, value, x.dtype)
+
+
+@lowering(aten.fill.Tensor)
+def fill_tensor(x, value):
+    return jnp.broadcast_to(value.astype(x.dtype), x.shape)
+
+
+@lowering(aten.zero)
+def zero(x):
+    return jnp.zeros_like(x)
+
+
+@lowering(aten.scalar_tensor)
+def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.asarray(s, _jdtype(dtype))
+
+
+@lowering(aten.eye)
+def eye(n, m=None, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.eye(n, m, dtype=_jdtype(dtype))
+
+
+# -- ranges (Note [Factory arithmetic]) -----------------------------------------
+
+
+@lowering(aten.arange.default, aten.arange.start, aten.arange.start_step)
+def arange(*bounds, dtype=None, layout=None, device=None, pin_memory=None):
+    start, end, step = (0, *bounds, 1) if len(bounds) == 1 else (*bounds, 1)[:3]
+    python_ints = all(isinstance(b, int) for b in (start, end, step))
+    target = _dtypes.to_jax(dtype) if dtype is not None else (jnp.int64 if python_ints else _jdtype(None))
+    if _is_integral(target):
+        start, end, step = int(start), int(end), int(step)
+        n = max(math.ceil((end - start) / step), 0)
+        return start + step * jnp.arange(n, dtype=jnp.int64)
+    # torch's CPU accumulation type of float/half is double.
+    n = max(math.ceil((float(end) - float(start)) / float(step)), 0)
+    return start + step * jnp.arange(n, dtype=jnp.float64)
+
+
+@lowering(aten.linspace.default)
+def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
+    target = _jdtype(dtype)
+    # torch steps in the result type, or in double for integral results.
+    work = jnp.float64 if _is_integral(target) else target
+    if _is_integral(target):
+        start, end = int(start), int(end)
+    lo, hi = jnp.asarray(start, target).astype(work), jnp.asarray(end, target).astype(work)
+    if steps <= 1:
+        return jnp.full((steps,), lo)
+    step = (hi - lo) / (steps - 1)
+    idx = jnp.arange(steps)
+    front = lo + step * idx.astype(work)
+    back = hi - step * (steps - 1 - idx).astype(work)
+    return jnp.where(idx < steps // 2, front, back)
+
+
+@lowering(aten.logspace.default)
+def logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    exponents = linspace(float(start), float(end), steps, dtype=torch.float64)
+    return jnp.power(jnp.float64(base), exponents)
+
+
+# -- conversions ---------------------------------------------------------------
+
+
 @lowering(aten._to_copy)
 def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     return x if dtype is None else x.astype(_dtypes.to_jax(dtype))
 
 
-@lowering(aten.clone)
+@lowering(aten.clone, aten.lift_fresh_copy, aten.alias_copy)
 def clone(x, *, memory_format=None):
     return x

@@ -1,7 +1,240 @@
-"""Neural-network ops: activations, normalization, losses, embedding."""
+"""Neural-network ops: softmax, losses, embedding, layer norm, dropout.
+
+Forward ops and the backward ops autograd emits for them, so that training
+steps stay on device. Element-wise activations live in ``elementwise``.
+
+Note [Loss reduction]: the ``int reduction`` argument of torch's losses is
+``0`` none, ``1`` mean, ``2`` sum (``torch.nn._reduction``).
+"""
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import torch
 
+from lazytpu.lowering.reduction import axes
+from lazytpu.lowering.registry import lowering
+
 aten = torch.ops.aten
+
+_NONE, _MEAN, _SUM = 0, 1, 2
+_HALF = (jnp.float16, jnp.bfloat16)
+
+
+def _upcast(x):
+    """Halves compute in float32, as torch's CPU kernels do."""
+    return x.astype(jnp.float32) if x.dtype in _HALF else x
+
+
+def _reduce(loss, reduction: int):
+    """Apply a loss reduction (Note [Loss reduction])."""
+    if reduction == _MEAN:
+        return jnp.mean(loss)
+    if reduction == _SUM:
+        return jnp.sum(loss)
+    return loss
+
+
+def _reduce_grad(grad, shape, reduction: int):
+    """The gradient flowing into each element of an unreduced loss of ``shape``."""
+    grad = jnp.broadcast_to(grad, shape)
+    if reduction == _MEAN:
+        n = 1
+        for s in shape:
+            n *= s
+        return grad / n
+    return grad
+
+
+# -- softmax -------------------------------------------------------------------
+
+
+def _softmax_axis(x, dim):
+    """A 0-d input softmaxes over a size-1 axis; returns (2-d-safe input, axis)."""
+    return (x.reshape(1), 0) if x.ndim == 0 else (x, dim % x.ndim)
+
+
+@lowering(aten._softmax.default)
+def softmax(x, dim, half_to_float):
+    y, axis = _softmax_axis(_upcast(x), dim)
+    return jax.nn.softmax(y, axis=axis).reshape(x.shape)
+
+
+@lowering(aten._log_softmax.default)
+def log_softmax(x, dim, half_to_float):
+    y, axis = _softmax_axis(_upcast(x), dim)
+    return jax.nn.log_softmax(y, axis=axis).reshape(x.shape)
+
+
+@lowering(aten._softmax_backward_data.default)
+def softmax_backward(grad_output, output, dim, input_dtype):
+    g, y = _upcast(grad_output), _upcast(output)
+    ax = axes(g, [dim])
+    return y * (g - jnp.sum(g * y, axis=ax, keepdims=True))
+
+
+@lowering(aten._log_softmax_backward_data.default)
+def log_softmax_backward(grad_output, output, dim, input_dtype):
+    g, y = _upcast(grad_output), _upcast(output)
+    ax = axes(g, [dim])
+    return g - jnp.exp(y) * jnp.sum(g, axis=ax, keepdims=True)
+
+
+# -- negative log likelihood ---------------------------------------------------
+
+
+def _nll_parts(x, target, weight, ignore_index):
+    """Per-element (picked log-prob, weight) for nll_loss/nll_loss2d.
+
+    The class dim is 1 (0 for an unbatched ``(C,)`` input); ignored targets get
+    weight 0 and a safe in-range index.
+    """
+    class_axis = 0 if x.ndim == 1 else 1
+    keep = target != ignore_index
+    safe = jnp.where(keep, target, 0)
+    w = jnp.ones(target.shape, x.dtype) if weight is None else weight[safe].astype(x.dtype)
+    w = jnp.where(keep, w, 0)
+    picked = jnp.take_along_axis(x, jnp.expand_dims(safe, class_axis), axis=class_axis)
+    return jnp.squeeze(picked, class_axis), w, safe, class_axis
+
+
+@lowering(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+def nll_loss(x, target, weight, reduction, ignore_index):
+    picked, w, _, _ = _nll_parts(x, target, weight, ignore_index)
+    loss = -picked * w
+    total_weight = jnp.sum(w)
+    if reduction == _NONE:
+        return loss, total_weight
+    total = jnp.sum(loss)
+    return (total / total_weight if reduction == _MEAN else total), total_weight
+
+
+@lowering(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
+def nll_loss_backward(grad_output, x, target, weight, reduction, ignore_index, total_weight):
+    _, w, safe, class_axis = _nll_parts(x, target, weight, ignore_index)
+    scale = grad_output / total_weight if reduction == _MEAN else grad_output
+    picked_grad = -w * scale  # broadcasts: grad_output is per element for reduction none
+    onehot = jax.nn.one_hot(safe, x.shape[class_axis], dtype=x.dtype, axis=class_axis)
+    return onehot * jnp.expand_dims(picked_grad, class_axis)
+
+
+# -- regression and binary losses ----------------------------------------------
+
+
+@lowering(aten.mse_loss.default)
+def mse_loss(x, target, reduction=_MEAN):
+    return _reduce(jnp.square(x - target), reduction)
+
+
+@lowering(aten.mse_loss_backward.default)
+def mse_loss_backward(grad_output, x, target, reduction):
+    diff = x - target
+    return 2 * diff * _reduce_grad(grad_output, diff.shape, reduction)
+
+
+# torch clamps log terms at -100 so that log(0) gives a finite loss.
+_LOG_FLOOR = -100.0
+# ...and the gradient's denominator at this epsilon.
+_BCE_EPS = 1e-12
+
+
+@lowering(aten.binary_cross_entropy.default)
+def binary_cross_entropy(x, target, weight=None, reduction=_MEAN):
+    log_x = jnp.maximum(jnp.log(x), _LOG_FLOOR)
+    log_1mx = jnp.maximum(jnp.log1p(-x), _LOG_FLOOR)
+    loss = -(target * log_x + (1 - target) * log_1mx)
+    return _reduce(loss if weight is None else loss * weight, reduction)
+
+
+@lowering(aten.binary_cross_entropy_backward.default)
+def binary_cross_entropy_backward(grad_output, x, target, weight=None, reduction=_MEAN):
+    grad = (x - target) / jnp.maximum((1 - x) * x, _BCE_EPS)
+    grad = grad * _reduce_grad(grad_output, x.shape, reduction)
+    return grad if weight is None else grad * weight
+
+
+@lowering(aten.binary_cross_entropy_with_logits.default)
+def binary_cross_entropy_with_logits(x, target, weight=None, pos_weight=None, reduction=_MEAN):
+    softplus_neg = jnp.logaddexp(0, -x)  # log(1 + exp(-x)), stable
+    log_weight = 1 if pos_weight is None else (pos_weight - 1) * target + 1
+    loss = (1 - target) * x + log_weight * softplus_neg
+    return _reduce(loss if weight is None else loss * weight, reduction)
+
+
+# -- embedding -----------------------------------------------------------------
+
+
+@lowering(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return jnp.take(weight, indices, axis=0)
+
+
+@lowering(aten.embedding_dense_backward.default)
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    flat = indices.reshape(-1)
+    grad = _upcast(grad_output).reshape(flat.shape[0], -1)
+    if padding_idx >= 0:
+        grad = jnp.where((flat == padding_idx)[:, None], 0, grad)
+    if scale_grad_by_freq:
+        counts = jnp.zeros(num_weights, grad.dtype).at[flat].add(1)
+        grad = grad / counts[flat][:, None]
+    return jnp.zeros((num_weights, grad.shape[1]), grad.dtype).at[flat].add(grad)
+
+
+# -- layer norm ----------------------------------------------------------------
+
+
+def _norm_axes(x, normalized_shape) -> tuple[int, ...]:
+    return tuple(range(x.ndim - len(normalized_shape), x.ndim))
+
+
+@lowering(aten.native_layer_norm.default)
+def native_layer_norm(x, normalized_shape, weight, bias, eps):
+    ax = _norm_axes(x, normalized_shape)
+    x = _upcast(x)
+    mu = jnp.mean(x, axis=ax, keepdims=True)
+    var = jnp.mean(jnp.square(x - mu), axis=ax, keepdims=True)
+    rstd = jax.lax.rsqrt(var + eps)
+    out = (x - mu) * rstd
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out, mu, rstd
+
+
+@lowering(aten.native_layer_norm_backward.default)
+def native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    ax = _norm_axes(x, normalized_shape)
+    batch_ax = tuple(range(x.ndim - len(normalized_shape)))
+    g_out = _upcast(grad_out)
+    xhat = (_upcast(x) - mean) * rstd
+    g = g_out if weight is None else g_out * weight
+    results = []
+    if output_mask[0]:
+        g_mean = jnp.mean(g, axis=ax, keepdims=True)
+        gx_mean = jnp.mean(g * xhat, axis=ax, keepdims=True)
+        results.append(rstd * (g - g_mean - xhat * gx_mean))
+    if output_mask[1]:
+        results.append(jnp.sum(g_out * xhat, axis=batch_ax))
+    if output_mask[2]:
+        results.append(jnp.sum(g_out, axis=batch_ax))
+    return tuple(results)
+
+
+# -- dropout -------------------------------------------------------------------
+
+
+@lowering(aten.native_dropout.default, random=True)
+def native_dropout(x, p, train, *, key):
+    if train is False:
+        return x, jnp.ones(x.shape, jnp.bool_)
+    keep = jax.random.bernoulli(key, 1 - p, x.shape)
+    scale = jnp.where(p < 1, 1 / (1 - p), 0)
+    return jnp.where(keep, x * scale, 0), keep
+
+
+@lowering(aten.native_dropout_backward.default)
+def native_dropout_backward(grad_output, mask, scale):
+    return grad_output * mask * scale

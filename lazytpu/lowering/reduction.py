@@ -1,15 +1,232 @@
-"""Reductions."""
+"""Reductions and scans: sum, mean, prod, extrema, moments, logic, cumulative ops.
+
+Note [Reduction dims]: torch writes "which dims" as ``None``, an int or a list;
+an empty list means every dim for most reductions (``sum(x, dim=[])``), but no
+dim at all for ``any.dims``/``all.dims``. A 0-d tensor accepts dim ``0``/``-1``
+and reduces over nothing.
+
+Note [Accumulation dtype]: torch sums integers and bools in int64 and
+accumulates float16/bfloat16 in float32; rules compute in that dtype and the
+result is cast to torch's inferred dtype around the rule.
+"""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import torch
 
+from lazytpu import _dtypes
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
 
+_HALF = (jnp.float16, jnp.bfloat16)
 
-@lowering(aten.sum.default)
-def sum_(x, *, dtype=None):
-    return jnp.sum(x)
+
+def axes(x, dim, *, empty_is_all: bool = True) -> tuple[int, ...]:
+    """Normalized reduction axes of ``x`` (Note [Reduction dims])."""
+    if dim is None or (empty_is_all and isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return tuple(range(x.ndim))
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    if x.ndim == 0:
+        return ()
+    return tuple(sorted({d % x.ndim for d in dims}))
+
+
+def acc_dtype(x, dtype=None, *, ints_to_int64: bool = True):
+    """The dtype torch computes a reduction in (Note [Accumulation dtype])."""
+    if dtype is not None:
+        target = _dtypes.to_jax(dtype)
+    elif ints_to_int64 and (jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_):
+        target = jnp.int64
+    else:
+        target = x.dtype
+    return jnp.float32 if target in _HALF else target
+
+
+def count(x, ax) -> int:
+    n = 1
+    for a in ax:
+        n *= x.shape[a]
+    return n
+
+
+# -- sums and products ---------------------------------------------------------
+
+
+@lowering(aten.sum.default, aten.sum.dim_IntList)
+def sum_(x, dim=None, keepdim=False, *, dtype=None):
+    return jnp.sum(x.astype(acc_dtype(x, dtype)), axis=axes(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.nansum.default)
+def nansum(x, dim=None, keepdim=False, *, dtype=None):
+    x = x.astype(acc_dtype(x, dtype))
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        x = jnp.where(jnp.isnan(x), 0, x)
+    return jnp.sum(x, axis=axes(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.mean.default, aten.mean.dim)
+def mean(x, dim=None, keepdim=False, *, dtype=None):
+    ax = axes(x, dim)
+    total = jnp.sum(x.astype(acc_dtype(x, dtype)), axis=ax, keepdims=keepdim)
+    return total / count(x, ax)
+
+
+@lowering(aten.prod.default)
+def prod(x, *, dtype=None):
+    return jnp.prod(x.astype(acc_dtype(x, dtype)))
+
+
+@lowering(aten.prod.dim_int)
+def prod_dim(x, dim, keepdim=False, *, dtype=None):
+    return jnp.prod(x.astype(acc_dtype(x, dtype)), axis=axes(x, dim), keepdims=keepdim)
+
+
+# -- extrema -------------------------------------------------------------------
+
+
+@lowering(aten.amax.default, aten.max.default)
+def amax(x, dim=(), keepdim=False):
+    return jnp.max(x, axis=axes(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.amin.default, aten.min.default)
+def amin(x, dim=(), keepdim=False):
+    return jnp.min(x, axis=axes(x, dim), keepdims=keepdim)
+
+
+@lowering(aten.aminmax.default)
+def aminmax(x, *, dim=None, keepdim=False):
+    return amin(x, dim, keepdim), amax(x, dim, keepdim)
+
+
+def _arg_extreme(x, dim, keepdim, find):
+    """Index of the first extreme along ``dim`` (NaN counts as extreme, as in torch)."""
+    if dim is None:
+        index = find(x.reshape(-1), axis=0)
+        return jnp.reshape(index, (1,) * x.ndim) if keepdim else index
+    if x.ndim == 0:
+        return jnp.zeros((), jnp.int64)
+    return find(x, axis=dim % x.ndim, keepdims=keepdim)
+
+
+@lowering(aten.argmax.default)
+def argmax(x, dim=None, keepdim=False):
+    return _arg_extreme(x, dim, keepdim, jnp.argmax)
+
+
+@lowering(aten.argmin.default)
+def argmin(x, dim=None, keepdim=False):
+    return _arg_extreme(x, dim, keepdim, jnp.argmin)
+
+
+@lowering(aten.max.dim)
+def max_dim(x, dim, keepdim=False):
+    return amax(x, dim, keepdim), argmax(x, dim, keepdim)
+
+
+@lowering(aten.min.dim)
+def min_dim(x, dim, keepdim=False):
+    return amin(x, dim, keepdim), argmin(x, dim, keepdim)
+
+
+# -- moments -------------------------------------------------------------------
+
+
+def _var_mean(x, dim, correction, keepdim):
+    """Variance (``correction`` may be a traced scalar) and mean, in the accumulation dtype."""
+    ax = axes(x, dim)
+    x = x.astype(jnp.float32 if x.dtype in _HALF else x.dtype)
+    n = count(x, ax)
+    mu = jnp.sum(x, axis=ax, keepdims=True) / n
+    centered = x - mu
+    squares = jnp.real(centered * jnp.conj(centered))
+    divisor = jnp.maximum(n - (1 if correction is None else correction), 0)
+    var = jnp.sum(squares, axis=ax, keepdims=keepdim) / divisor
+    return var, (mu if keepdim else jnp.squeeze(mu, ax))
+
+
+@lowering(aten.var.correction)
+def var(x, dim=None, *, correction=None, keepdim=False):
+    return _var_mean(x, dim, correction, keepdim)[0]
+
+
+@lowering(aten.std.correction)
+def std(x, dim=None, *, correction=None, keepdim=False):
+    return jnp.sqrt(var(x, dim, correction=correction, keepdim=keepdim))
+
+
+@lowering(aten.var_mean.correction)
+def var_mean(x, dim=None, *, correction=None, keepdim=False):
+    return _var_mean(x, dim, correction, keepdim)
+
+
+@lowering(aten.std_mean.correction)
+def std_mean(x, dim=None, *, correction=None, keepdim=False):
+    v, mu = _var_mean(x, dim, correction, keepdim)
+    return jnp.sqrt(v), mu
+
+
+# -- logic ---------------------------------------------------------------------
+
+
+@lowering(aten.any.default, aten.any.dim, aten.any.dims)
+def any_(x, dim=None, keepdim=False):
+    return jnp.any(x != 0, axis=axes(x, dim, empty_is_all=False), keepdims=keepdim)
+
+
+@lowering(aten.all.default, aten.all.dim, aten.all.dims)
+def all_(x, dim=None, keepdim=False):
+    return jnp.all(x != 0, axis=axes(x, dim, empty_is_all=False), keepdims=keepdim)
+
+
+@lowering(aten.count_nonzero.default, aten.count_nonzero.dim_IntList)
+def count_nonzero(x, dim=None):
+    return jnp.sum(x != 0, axis=axes(x, dim), dtype=jnp.int64)
+
+
+# -- log-sum-exp and scans -----------------------------------------------------
+
+
+def _float_acc(x):
+    """Integers compute in torch's default float dtype; halves in float32."""
+    if jnp.issubdtype(x.dtype, jnp.inexact) and x.dtype not in _HALF:
+        return x
+    return x.astype(jnp.float32)
+
+
+@lowering(aten.logsumexp.default)
+def logsumexp(x, dim, keepdim=False):
+    x = _float_acc(x)
+    ax = axes(x, dim)
+    if not ax:
+        return x
+    return jax.nn.logsumexp(x, axis=ax, keepdims=keepdim)
+
+
+def _scan_axis(x, dim) -> int | None:
+    return None if x.ndim == 0 else dim % x.ndim
+
+
+@lowering(aten.cumsum.default)
+def cumsum(x, dim, *, dtype=None):
+    axis = _scan_axis(x, dim)
+    x = x.astype(acc_dtype(x, dtype))
+    return x if axis is None else jnp.cumsum(x, axis=axis)
+
+
+@lowering(aten.cumprod.default)
+def cumprod(x, dim, *, dtype=None):
+    axis = _scan_axis(x, dim)
+    x = x.astype(acc_dtype(x, dtype))
+    return x if axis is None else jnp.cumprod(x, axis=axis)
+
+
+@lowering(aten.logcumsumexp.default)
+def logcumsumexp(x, dim):
+    axis = _scan_axis(x, dim)
+    x = _float_acc(x)
+    return x if axis is None else jax.lax.cumlogsumexp(x, axis=axis)

@@ -1,21 +1,234 @@
-"""Shape and view ops (as values; aliasing is the dispatcher's business)."""
+"""Shape and view ops (as values; aliasing is the dispatcher's business).
+
+Dims and sizes are Python ints (static). Rules normalize negative dims
+themselves, since torch allows ``dim=-1`` (and ``dim=0`` or ``-1`` on a 0-d
+tensor) where ``jnp`` is stricter. Backward ops (``slice_backward``,
+``select_backward``, ...) scatter a gradient into zeros of the input's shape.
+"""
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import torch
+from jax import lax
 
+from lazytpu import _dtypes
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
 
 
-@lowering(aten.expand)
+def _dim(d: int, ndim: int) -> int:
+    """Torch's dim wrapping; a 0-d tensor accepts 0 and -1 as its one dim."""
+    return d % max(ndim, 1)
+
+
+def _along(dim: int, index) -> tuple:
+    """An index tuple applying ``index`` on axis ``dim``."""
+    return (slice(None),) * dim + (index,)
+
+
+# -- reshapes ------------------------------------------------------------------
+
+
+def _infer_size(size, numel: int) -> tuple:
+    size = tuple(size)
+    if -1 not in size:
+        return size
+    known = math.prod(s for s in size if s != -1)
+    return tuple(numel // known if s == -1 else s for s in size)
+
+
+@lowering(aten.view.default, aten._unsafe_view, aten.view_copy.default)
+def view(x, size):
+    return jnp.reshape(x, _infer_size(size, x.size))
+
+
+@lowering(aten._reshape_alias)
+def reshape_alias(x, size, stride):
+    return jnp.reshape(x, tuple(size))
+
+
+@lowering(aten.view.dtype, aten.view_copy.dtype)
+def view_dtype(x, dtype):
+    target = jnp.dtype(_dtypes.to_jax(dtype))
+    if target == x.dtype:
+        return x
+    if x.ndim == 0 or target.itemsize == x.dtype.itemsize:
+        return lax.bitcast_convert_type(x, target)
+    if target.itemsize < x.dtype.itemsize:  # each element becomes several
+        out = lax.bitcast_convert_type(x, target)
+        return out.reshape(x.shape[:-1] + (-1,))
+    ratio = target.itemsize // x.dtype.itemsize
+    return lax.bitcast_convert_type(x.reshape(x.shape[:-1] + (x.shape[-1] // ratio, ratio)), target)
+
+
+@lowering(aten.squeeze, aten.squeeze_copy)
+def squeeze(x, dim=None):
+    if dim is None:
+        dims = range(x.ndim)
+    else:
+        dims = (dim,) if isinstance(dim, int) else dim
+    axes = tuple(d for d in {_dim(d, x.ndim) for d in dims} if x.ndim and x.shape[d] == 1)
+    return jnp.squeeze(x, axes) if axes else x
+
+
+@lowering(aten.unsqueeze, aten.unsqueeze_copy)
+def unsqueeze(x, dim):
+    return jnp.expand_dims(x, dim % (x.ndim + 1))
+
+
+# -- permutations and broadcasts -------------------------------------------------
+
+
+@lowering(aten.permute, aten.permute_copy)
+def permute(x, dims):
+    return jnp.transpose(x, tuple(_dim(d, x.ndim) for d in dims)) if x.ndim else x
+
+
+@lowering(aten.transpose.int, aten.transpose_copy.int)
+def transpose(x, dim0, dim1):
+    return jnp.swapaxes(x, _dim(dim0, x.ndim), _dim(dim1, x.ndim)) if x.ndim else x
+
+
+@lowering(aten.t, aten.t_copy)
+def t(x):
+    return x.T if x.ndim == 2 else x
+
+
+@lowering(aten.expand, aten.expand_copy)
 def expand(x, size, *, implicit=False):
-    size = tuple(x.shape[i - (len(size) - x.ndim)] if s == -1 else s for i, s in enumerate(size))
+    lead = len(size) - x.ndim
+    size = tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(size))
     return jnp.broadcast_to(x, size)
 
 
-@lowering(aten.t)
-def t(x):
-    return x.T if x.ndim == 2 else x
+@lowering(aten.flip)
+def flip(x, dims):
+    return jnp.flip(x, tuple(_dim(d, x.ndim) for d in dims)) if x.ndim and dims else x
+
+
+@lowering(aten.roll)
+def roll(x, shifts, dims=()):
+    if not dims:  # torch rolls the flattened tensor
+        return jnp.roll(x.reshape(-1), shifts[0]).reshape(x.shape)
+    return jnp.roll(x, tuple(shifts), tuple(_dim(d, x.ndim) for d in dims))
+
+
+@lowering(aten.repeat)
+def repeat(x, repeats):
+    x = x.reshape((1,) * (len(repeats) - x.ndim) + x.shape)
+    return jnp.tile(x, tuple(repeats))
+
+
+# -- slicing -------------------------------------------------------------------
+
+
+@lowering(aten.slice.Tensor, aten.slice_copy.Tensor)
+def slice_(x, dim=0, start=None, end=None, step=1):
+    # Python slicing clamps out-of-range bounds and wraps negatives as torch does.
+    return x[_along(_dim(dim, x.ndim), slice(start, end, step))]
+
+
+@lowering(aten.select.int, aten.select_copy.int)
+def select(x, dim, index):
+    dim = _dim(dim, x.ndim)
+    return x[_along(dim, index % x.shape[dim])]
+
+
+@lowering(aten.slice_backward)
+def slice_backward(grad, input_sizes, dim, start, end, step):
+    zeros = jnp.zeros(tuple(input_sizes), grad.dtype)
+    return zeros.at[_along(_dim(dim, len(input_sizes)), slice(start, end, step))].set(grad)
+
+
+@lowering(aten.select_backward)
+def select_backward(grad, input_sizes, dim, index):
+    dim = _dim(dim, len(input_sizes))
+    zeros = jnp.zeros(tuple(input_sizes), grad.dtype)
+    return zeros.at[_along(dim, index % input_sizes[dim])].set(grad)
+
+
+@lowering(aten.diagonal, aten.diagonal_copy)
+def diagonal(x, offset=0, dim1=0, dim2=1):
+    return jnp.diagonal(x, offset, _dim(dim1, x.ndim), _dim(dim2, x.ndim))
+
+
+@lowering(aten.diagonal_backward)
+def diagonal_backward(grad, input_sizes, offset, dim1, dim2):
+    ndim = len(input_sizes)
+    dim1, dim2 = _dim(dim1, ndim), _dim(dim2, ndim)
+    zeros = jnp.moveaxis(jnp.zeros(tuple(input_sizes), grad.dtype), (dim1, dim2), (-2, -1))
+    n = grad.shape[-1]
+    rows = jnp.arange(n) + max(-offset, 0)
+    cols = jnp.arange(n) + max(offset, 0)
+    return jnp.moveaxis(zeros.at[..., rows, cols].set(grad), (-2, -1), (dim1, dim2))
+
+
+# -- joining and splitting -------------------------------------------------------
+
+
+@lowering(aten.cat)
+def cat(tensors, dim=0):
+    # torch skips legacy 1-d empty tensors whatever the others' rank.
+    kept = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
+    if not kept:
+        return tensors[0]
+    dtype = jnp.result_type(*tensors)
+    return jnp.concatenate([t.astype(dtype) for t in kept], axis=_dim(dim, kept[0].ndim))
+
+
+@lowering(aten.stack)
+def stack(tensors, dim=0):
+    dtype = jnp.result_type(*tensors)
+    return jnp.stack([t.astype(dtype) for t in tensors], axis=dim % (tensors[0].ndim + 1))
+
+
+def _split_at(x, dim: int, sizes) -> list:
+    pieces, start = [], 0
+    for size in sizes:
+        pieces.append(x[_along(dim, slice(start, start + size))])
+        start += size
+    return pieces
+
+
+@lowering(aten.split.Tensor, aten.split_copy.Tensor)
+def split(x, split_size, dim=0):
+    dim = _dim(dim, x.ndim)
+    n = x.shape[dim]
+    count = max(-(-n // split_size), 1) if split_size else 1
+    sizes = [split_size] * (count - 1) + [n - split_size * (count - 1)]
+    return _split_at(x, dim, sizes)
+
+
+@lowering(aten.split_with_sizes, aten.split_with_sizes_copy)
+def split_with_sizes(x, split_sizes, dim=0):
+    return _split_at(x, _dim(dim, x.ndim), split_sizes)
+
+
+@lowering(aten.unbind.int, aten.unbind_copy.int)
+def unbind(x, dim=0):
+    dim = _dim(dim, x.ndim)
+    return [x[_along(dim, i)] for i in range(x.shape[dim])]
+
+
+# -- gathers along one dim ---------------------------------------------------------
+
+
+@lowering(aten.index_select)
+def index_select(x, dim, index):
+    if x.ndim == 0:
+        return x
+    return jnp.take(x, index.reshape(-1), axis=_dim(dim, x.ndim), mode="clip")
+
+
+@lowering(aten.index_add)
+def index_add(x, dim, index, source, *, alpha=1):
+    if x.ndim == 0:
+        return x + alpha * source.reshape(())
+    dim = _dim(dim, x.ndim)
+    source = source.reshape(source.shape if source.ndim else (1,))
+    return x.at[_along(dim, index.reshape(-1))].add((alpha * source).astype(x.dtype))
+
