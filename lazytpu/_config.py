@@ -68,7 +68,13 @@ EAGER_MODE = Flag("TORCHTPU_EAGER_MODE", None, lambda n, r: r.strip().lower(),
 DEFER_AND_FUSE = Flag("TORCH_TPU_DEFER_AND_FUSE", None, _parse_bool,
                       "TorchTPU's alias: 1 selects defer, 0 selects strict.")
 
-FLAGS: tuple[Flag, ...] = (CPU_FALLBACK, PLATFORM, EAGER_MODE, DEFER_AND_FUSE)
+SYNC_ON_OPTIMIZER_STEP = Flag("LAZYTPU_SYNC_ON_OPTIMIZER_STEP", True, _parse_bool,
+                              "End of optimizer.step() on tpu parameters is a sync point (0: off).")
+MAX_PENDING_OPS = Flag("LAZYTPU_MAX_PENDING_OPS", 20000, _parse_int,
+                       "Sync when this many ops are pending (bounds memory in loops that never sync).")
+
+FLAGS: tuple[Flag, ...] = (CPU_FALLBACK, PLATFORM, EAGER_MODE, DEFER_AND_FUSE, SYNC_ON_OPTIMIZER_STEP,
+                           MAX_PENDING_OPS)
 
 
 def load_all() -> None:

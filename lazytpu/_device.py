@@ -7,9 +7,11 @@ This is the one module that touches torch's global registration tables.
 from __future__ import annotations
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from lazytpu import tpu
+from lazytpu import _config, tpu
+from lazytpu.engine import context
 from lazytpu.dispatch import record
 from lazytpu.lowering import get_rule
 
@@ -44,6 +46,17 @@ def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_me
     return record(aten.empty_strided.default, (list(size), list(stride)), kwargs, get_rule(aten.empty_strided.default))
 
 
+def _after_optimizer_step(optimizer, args, kwargs) -> None:
+    """The end of ``optimizer.step()`` is a sync point: one program per step
+    even in a loop that never reads a value (asynchronous: it does not wait)."""
+    if not _config.SYNC_ON_OPTIMIZER_STEP.get():
+        return
+    devices = {p.device.index or 0 for group in optimizer.param_groups for p in group["params"]
+               if p.device.type == "tpu"}
+    for index in sorted(devices):
+        context(index).flush("optimizer_step")
+
+
 _registered = []
 
 
@@ -56,3 +69,4 @@ def register() -> None:
     lib.impl("empty.memory_format", _empty, "PrivateUse1")
     lib.impl("empty_strided", _empty_strided, "PrivateUse1")
     _registered.append(lib)  # keep the library alive
+    _registered.append(register_optimizer_step_post_hook(_after_optimizer_step))

@@ -401,15 +401,30 @@ def _foreach_element_op(func):
 
 
 def run_foreach(func, args, kwargs):
+    """``_foreach_op(lists...)`` as one ``op`` call per list element."""
     element = _foreach_element_op(func)
     if element is None:
         return None
-    lists = [a for a in args if isinstance(a, (list, tuple))]
-    n = len(lists[0])
+    # Positional foreach args beyond the element op's positional ones are
+    # keyword-only there (e.g. addcmul's ``value``).
+    n_positional = sum(1 for a in element._schema.arguments if not a.kwarg_only)
+    names = [a.name for a in func._schema.arguments]
+    element_kwargs = [a.name for a in element._schema.arguments if a.kwarg_only]
+    head = args[:n_positional]
+    tail = {}
+    for i, a in enumerate(args[n_positional:], n_positional):
+        name = names[i]
+        if name not in element_kwargs and len(element_kwargs) == 1:
+            name = element_kwargs[0]  # e.g. foreach ``scalars`` -> ``value``
+        if isinstance(a, torch.Tensor) and func._schema.arguments[i].name == "scalars":
+            a = a.tolist()  # one scalar per element (a host read, as torch's own loop)
+        tail[name] = a
+    n = len(next(a for a in args if isinstance(a, (list, tuple))))
     results = []
     for i in range(n):
-        call = tuple(a[i] if isinstance(a, (list, tuple)) else a for a in args)
-        results.append(element(*call, **kwargs))
+        call = tuple(a[i] if isinstance(a, (list, tuple)) else a for a in head)
+        extra = {k: (v[i] if isinstance(v, (list, tuple)) else v) for k, v in {**tail, **kwargs}.items()}
+        results.append(element(*call, **extra))
     if _is_inplace(func) or func._schema.returns == []:
         return None
     return results

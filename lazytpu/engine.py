@@ -103,6 +103,8 @@ class DeviceContext:
         self.graph.pending_ops += 1
         if MODE.current is not EagerMode.DEFER_AND_FUSE:
             self.flush("strict")
+        elif self.graph.pending_ops >= _config.MAX_PENDING_OPS.get():
+            self.flush("graph_cap")
 
     def flush(self, reason: str) -> tuple:
         """Materialize every live pending value in one program.

@@ -106,3 +106,45 @@ def test_int64_and_float64_survive():
     assert (big.to("tpu") + 1).cpu().tolist() == [2**40 + 2, -(2**50) + 1]
     f = torch.tensor([1.0 + 1e-12], dtype=torch.float64)
     assert (f.to("tpu") * 1.0).cpu().item() == 1.0 + 1e-12
+
+
+def _sgd_loop(steps: int) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 8).to("tpu")
+    for _ in range(steps):
+        opt.zero_grad()
+        model(x).square().sum().backward()
+        opt.step()
+
+
+def test_optimizer_step_is_a_sync_point():
+    _sgd_loop(2)
+    lazytpu.metrics.reset()
+    _sgd_loop(3)
+    snap = lazytpu.metrics.snapshot()
+    assert snap["syncs"].get("optimizer_step") == 3
+    assert snap["programs_executed"] >= 3
+
+
+def test_optimizer_step_sync_can_be_turned_off():
+    from lazytpu import _config
+
+    with _config.SYNC_ON_OPTIMIZER_STEP.override(False):
+        lazytpu.metrics.reset()
+        _sgd_loop(3)
+        assert "optimizer_step" not in lazytpu.metrics.snapshot()["syncs"]
+    lazytpu.sync()
+
+
+def test_graph_cap_bounds_pending_ops():
+    from lazytpu import _config
+
+    x = torch.zeros(4).to("tpu")
+    with _config.MAX_PENDING_OPS.override(50):
+        lazytpu.metrics.reset()
+        for _ in range(120):
+            x = x + 1
+        assert lazytpu.metrics.snapshot()["syncs"].get("graph_cap") == 2
+    assert x.cpu().tolist() == [120.0] * 4

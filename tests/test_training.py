@@ -72,7 +72,7 @@ def test_foreach_ops_lower_without_fallback():
     exp_outs = torch._foreach_sqrt(torch._foreach_abs(exp))
     torch._foreach_addcmul_(exp, us, us, value=0.1)
     torch._foreach_lerp_(exp, us, 0.3)
-    for x, e in zip(a + outs, exp + exp_outs):
+    for x, e in zip(list(a) + list(outs), list(exp) + list(exp_outs)):
         torch.testing.assert_close(x.cpu(), e)
     assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {}
 
