@@ -2,13 +2,14 @@
 
 Order of resolution for an op (Note [Resolution order]):
 
-1. a dispatch-level handler (device moves, ``copy_``, aliasing, ``item``);
-2. a lowering rule: the op is recorded (meta kernel for avals and errors);
-3. an in-place or ``out=`` form of an op that resolves: run the functional
+1. a dispatch-level handler (device moves, ``copy_``, ``item``);
+2. a view op: the output shares the input's storage (``aliasing``);
+3. a lowering rule: the op is recorded (meta kernel for avals and errors);
+4. an in-place or ``out=`` form of an op that resolves: run the functional
    op, then write the result into the target (``writes``);
-4. ``_foreach_*``: one call per list element;
-5. torch's decomposition table, then CompositeImplicit decomposition;
-6. CPU fallback (counted, warned once per op), or NotImplementedError when
+5. ``_foreach_*``: one call per list element;
+6. torch's decomposition table, then CompositeImplicit decomposition;
+7. CPU fallback (counted, warned once per op), or NotImplementedError when
    ``LAZYTPU_CPU_FALLBACK=0``.
 """
 
@@ -23,7 +24,8 @@ from torch._decomp import decomposition_table
 
 from lazytpu import _caches, _config, hostio, metrics
 from lazytpu.engine import RNG_AVAL, context
-from lazytpu.ir import Aval, Node, Output, Scalar, Storage
+from lazytpu.aliasing import contiguous_strides, new_tensor, read, rebind_metadata, view_of, write, write_value
+from lazytpu.ir import Aval, Node, Output, Scalar
 from lazytpu.ir.template import Slot, fill, flatten
 from lazytpu.lowering import get_rule
 from lazytpu.tensor import LazyTensor, set_dispatcher
@@ -63,7 +65,7 @@ def _describe(v):
     if type(v) is Scalar:
         return v.kind
     if type(v) is LazyTensor:
-        return (v.shape, v.stride(), v.dtype)
+        return (v.shape, v.stride(), v.storage_offset(), v._lt_storage.numel, v.dtype)
     return ("cpu", v.shape, v.stride(), v.dtype)
 
 
@@ -103,6 +105,9 @@ def _run_on(func, template, values, device: str):
     def convert(v):
         if type(v) is Scalar:
             return v.value
+        if type(v) is LazyTensor:  # same window on a storage of the same size
+            storage = torch.empty(v._lt_storage.numel, dtype=v.dtype, device=device)
+            return storage.as_strided(v.shape, v.stride(), v.storage_offset())
         return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device)
 
     args, kwargs = fill(template, [convert(v) for v in values])
@@ -166,7 +171,7 @@ def _pick(leaf):
 
 def _input_value(v, index: int):
     if type(v) is LazyTensor:
-        return v._lt_storage.value
+        return read(v)
     if type(v) is Scalar:
         return v
     return hostio.data_from_cpu(v, index)
@@ -177,10 +182,6 @@ def _device_index(values) -> int:
         if type(v) is LazyTensor:
             return v.device.index or 0
     return 0
-
-
-def wrap(value, shape, stride, dtype, index: int) -> LazyTensor:
-    return LazyTensor(Storage(value, context(index).graph), shape, stride, dtype, index)
 
 
 def _kwarg_device_index(kwargs) -> int | None:
@@ -210,7 +211,7 @@ def record(func, args, kwargs, rule):
         node = Node(func, template, tuple(inputs), out_avals)
         if rule.random:
             ctx.graph.rng = Output(node, len(out_avals) - 1)
-        outs = [wrap(Output(node, i), m.shape, m.stride(), m.dtype, index) for i, m in enumerate(metas)]
+        outs = [new_tensor(Output(node, i), m.shape, m.stride(), m.dtype, index) for i, m in enumerate(metas)]
         ctx.recorded(node)
     if isinstance(meta_out, torch.Tensor):
         return outs[0]
@@ -219,16 +220,51 @@ def record(func, args, kwargs, rule):
     return tuple(result) if isinstance(meta_out, tuple) else result
 
 
+# -- views ---------------------------------------------------------------------
+
+
+@functools.cache
+def _view_kind(func) -> str | None:
+    """``"view"`` for ops returning a view of their first argument, ``"inplace_view"``
+    for ops changing their argument's own window (``t_``, ``squeeze_``, ...)."""
+    returns, args = func._schema.returns, func._schema.arguments
+    if not returns or not args or returns[0].alias_info is None or args[0].alias_info is None:
+        return None
+    if returns[0].alias_info.is_write:
+        return "inplace_view" if func._schema.name.split("::")[-1] in _INPLACE_VIEW_OPS else None
+    return "view"
+
+
+_INPLACE_VIEW_OPS = frozenset({"t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_", "swapdims_", "swapaxes_"})
+
+
+def run_view(func, args, kwargs):
+    """A view op: the outputs share the input's storage (no node is recorded).
+
+    Returns None when torch's "view" changes the dtype (``view.dtype``,
+    ``view_as_real``): those are computed as values instead.
+    """
+    src = args[0]
+    template, values = flatten(args, kwargs, _pick)
+    meta_out = infer_meta(func, template, values)
+    metas = [meta_out] if isinstance(meta_out, torch.Tensor) else list(meta_out)
+    if any(m.dtype != src.dtype for m in metas):
+        return None
+    outs = [view_of(src, m.shape, m.stride(), m.storage_offset()) for m in metas]
+    if isinstance(meta_out, torch.Tensor):
+        return outs[0]
+    return tuple(outs) if isinstance(meta_out, tuple) else outs
+
+
+def run_inplace_view(func, args, kwargs):
+    self = args[0]
+    template, values = flatten(args, kwargs, _pick)
+    meta = infer_meta(func, template, values)
+    rebind_metadata(self, view_of(self, meta.shape, meta.stride(), meta.storage_offset()))
+    return self
+
+
 # -- writes (in-place, out=) ---------------------------------------------------
-
-
-def assign(dst: LazyTensor, src: LazyTensor) -> None:
-    """Make ``dst`` hold ``src``'s value (cast and broadcast to ``dst``)."""
-    if src.dtype != dst.dtype:
-        src = aten._to_copy.default(src, dtype=dst.dtype)
-    if src.shape != dst.shape:
-        src = aten.expand.default(src, list(dst.shape))
-    dst._lt_storage.bind(src._lt_storage.value)
 
 
 def resize_to(dst: LazyTensor, shape, stride=None) -> None:
@@ -247,13 +283,9 @@ def resize_to(dst: LazyTensor, shape, stride=None) -> None:
             stacklevel=4,
         )
     if stride is None:
-        stride = torch.empty(shape, device="meta").stride()
-    index = dst.device.index or 0
+        stride = contiguous_strides(shape)
     zeros = aten.zeros.default(list(shape), dtype=dst.dtype, device=dst.device)
-    fresh = LazyTensor(Storage(zeros._lt_storage.value, context(index).graph), shape, stride, dst.dtype, index)
-    with torch.no_grad():
-        dst.data = fresh
-    dst._lt_storage = fresh._lt_storage
+    rebind_metadata(dst, new_tensor(read(zeros), shape, stride, dst.dtype, dst.device.index or 0))
 
 
 # In-place ops whose functional form has another name.
@@ -299,7 +331,7 @@ def _run_inplace(func, functional, args, kwargs):
     template, values = flatten(lifted_args, lifted_kwargs, _pick)
     infer_meta(func, template, values)  # torch's errors (e.g. result type can't be cast)
     result = dispatch(functional, args, kwargs)
-    assign(self, result)
+    write(self, result)
     return self
 
 
@@ -312,8 +344,8 @@ def _run_out(func, functional, args, kwargs):
     for dst, src in zip(outs, results):
         if type(dst) is not LazyTensor:
             raise RuntimeError(f"Expected out tensor to be on tpu, but found it on {dst.device}")
-        resize_to(dst, src.shape, src.stride())
-        assign(dst, src)
+        resize_to(dst, src.shape)
+        write(dst, src)
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -359,14 +391,14 @@ def cpu_fallback(func, args, kwargs):
             if type(lazy) is LazyTensor:
                 if tuple(lazy.shape) != tuple(host.shape):
                     resize_to(lazy, host.shape)
-                lazy._lt_storage.bind(hostio.data_from_cpu(host, index))
+                write_value(lazy, hostio.data_from_cpu(host, index))
                 written[id(host)] = lazy
 
     def back(x):
         if isinstance(x, torch.Tensor):
             if id(x) in written:
                 return written[id(x)]
-            return wrap(hostio.data_from_cpu(x, index), x.shape, x.stride(), x.dtype, index)
+            return new_tensor(hostio.data_from_cpu(x, index), x.shape, contiguous_strides(x.shape), x.dtype, index)
         if isinstance(x, (list, tuple)):
             return type(x)(back(y) for y in x)
         return x
@@ -438,6 +470,13 @@ def dispatch(func, args, kwargs):
     handler = _HANDLERS.get(func)
     if handler is not None:
         return handler(func, args, kwargs)
+    kind = _view_kind(func)
+    if kind == "view" and type(args[0]) is LazyTensor:
+        out = run_view(func, args, kwargs)
+        if out is not None:
+            return out
+    elif kind == "inplace_view":
+        return run_inplace_view(func, args, kwargs)
     rule = get_rule(func)
     if rule is not None:
         return record(func, args, kwargs, rule)

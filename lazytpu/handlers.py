@@ -1,7 +1,6 @@
 """Dispatch-level handlers: ops that are about where data lives, not math.
 
-Device moves, ``copy_``, aliasing (``detach``/``alias`` share a storage,
-Note [Storage]), host reads (``item``) and factories.
+Device moves, ``copy_``, ``set_``/``resize_`` and host reads (``item``).
 """
 
 from __future__ import annotations
@@ -9,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from lazytpu import hostio
-from lazytpu.dispatch import assign, handles, record, resize_to, wrap
+from lazytpu.aliasing import contiguous_strides, new_tensor, rebind_metadata, view_of, write
+from lazytpu.dispatch import handles, record, resize_to
 from lazytpu.lowering import get_rule
 from lazytpu.tensor import LazyTensor
 
@@ -26,7 +26,7 @@ def to_copy(func, args, kwargs):
         return host.to(**rest) if rest else host
     if type(src) is not LazyTensor:  # cpu -> tpu
         moved = hostio.data_from_cpu(src, torch.device(device).index or 0)
-        out = wrap(moved, src.shape, src.stride(), src.dtype, torch.device(device).index or 0)
+        out = new_tensor(moved, src.shape, contiguous_strides(src.shape), src.dtype, torch.device(device).index or 0)
         dtype = kwargs.get("dtype")
         return out if dtype is None or dtype == src.dtype else aten._to_copy.default(out, dtype=dtype)
     rest = {k: v for k, v in kwargs.items() if k != "device"}
@@ -40,20 +40,12 @@ def copy_(func, args, kwargs):
         return dst.copy_(hostio.to_cpu(src))
     if type(src) is not LazyTensor:  # cpu -> tpu
         index = dst.device.index or 0
-        src = wrap(hostio.data_from_cpu(src, index), src.shape, src.stride(), src.dtype, index)
+        src = new_tensor(hostio.data_from_cpu(src, index), src.shape, contiguous_strides(src.shape), src.dtype, index)
     if tuple(src.shape) != tuple(dst.shape):
         torch.broadcast_shapes(src.shape, dst.shape)  # torch's error if not broadcastable
         src = aten.expand.default(src, list(dst.shape))
-    assign(dst, src)
+    write(dst, src)
     return dst
-
-
-@handles(aten.detach.default, aten.alias.default, aten.lift_fresh.default)
-def share(func, args, kwargs):
-    src = args[0]
-    if type(src) is not LazyTensor:
-        return src
-    return LazyTensor(src._lt_storage, src.shape, src.stride(), src.dtype, src.device.index or 0)
 
 
 @handles(aten._local_scalar_dense.default)
@@ -77,7 +69,5 @@ def is_pinned(func, args, kwargs):
 @handles(aten.set_.source_Tensor)
 def set_(func, args, kwargs):
     dst, src = args
-    if tuple(dst.shape) != tuple(src.shape):
-        resize_to(dst, src.shape, src.stride())
-    dst._lt_storage = src._lt_storage
+    rebind_metadata(dst, view_of(src, src.shape, src.stride(), src.storage_offset()))
     return dst

@@ -26,25 +26,26 @@ def data_from_cpu(t: torch.Tensor, index: int = 0) -> Data:
     return Data(runtime.from_host(array, index), Aval(tuple(t.shape), t.dtype))
 
 
-def buffer_of(t, reason: str):
-    """The device buffer of a LazyTensor, syncing if it is pending."""
+def to_cpu(t, reason: str = "cpu") -> torch.Tensor:
+    """A CPU copy of a LazyTensor with its shape, strides and dtype.
+
+    Copies the storage's base value and takes the tensor's window on the host
+    (Note [Views as strides]): reading a view needs no device program.
+    """
     storage = t._lt_storage
     if isinstance(storage.value, Output):
         context(t.device.index or 0).flush(reason)
-    return storage.value.buffer
-
-
-def to_cpu(t, reason: str = "cpu") -> torch.Tensor:
-    """A CPU copy of a LazyTensor with its shape, strides and dtype."""
-    array = runtime.to_host(buffer_of(t, reason))
+    array = runtime.to_host(storage.value.buffer)
     bits = _BITS.get(t.dtype)
     if bits:
-        out = torch.from_numpy(np.array(array, copy=True).view(np.int16)).view(t.dtype)
+        base = torch.from_numpy(np.array(array, copy=True).view(np.int16)).view(t.dtype)
     else:
-        out = torch.from_numpy(np.array(array, copy=True))
-    out = out.reshape(t.shape)
-    if not t.is_contiguous() and t.numel() > 1 and is_non_overlapping_and_dense(t):
-        strided = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
-        strided.copy_(out)
-        out = strided
-    return out
+        base = torch.from_numpy(np.array(array, copy=True))
+    if t._lt_window is None and t.is_contiguous():
+        return base.reshape(t.shape)
+    physical = torch.empty_strided(base.shape, storage.stride, dtype=t.dtype)
+    physical.copy_(base)
+    view = physical.as_strided(t.shape, t.stride(), t.storage_offset())
+    if is_non_overlapping_and_dense(view):
+        return view.clone(memory_format=torch.preserve_format) if t._lt_window is not None else view
+    return view.contiguous()

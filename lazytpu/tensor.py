@@ -29,14 +29,20 @@ def tpu_device(index: int = 0) -> torch.device:
 class LazyTensor(torch.Tensor):
     """A tensor on the ``tpu`` device whose value may still be pending."""
 
-    _lt_storage: object
+    _lt_storage: object  # the shared Storage (Note [Storage])
+    _lt_window: tuple | None  # (size, stride, offset) when not the storage's base layout
+    _lt_cache: tuple | None  # (storage value, value read through the window)
 
     @staticmethod
-    def __new__(cls, storage, shape, stride, dtype, index: int = 0):
+    def __new__(cls, storage, shape, stride, dtype, index: int = 0, offset: int = 0):
         t = torch.Tensor._make_wrapper_subclass(
-            cls, shape, strides=stride, dtype=dtype, device=tpu_device(index)
+            cls, shape, strides=stride, dtype=dtype, device=tpu_device(index), storage_offset=offset
         )
         t._lt_storage = storage
+        shape, stride = tuple(shape), tuple(stride)
+        is_base = offset == 0 and stride == storage.stride and shape == storage.value.aval.shape
+        t._lt_window = None if is_base else (shape, stride, offset)
+        t._lt_cache = None
         return t
 
     __torch_function__ = torch._C._disabled_torch_function_impl

@@ -78,7 +78,8 @@ def test_backward_runs_in_the_selected_mode():
         lazytpu.metrics.reset()
         loss.backward()
         snap = lazytpu.metrics.snapshot()
-        assert snap["programs_executed"] == snap["ops_recorded"] > 0
+        assert snap["programs_executed"] >= 3  # mul backward ops ran one by one
+        assert not w.grad._lt_storage.pending  # nothing left for a later sync
     torch.testing.assert_close(w.grad.cpu(), 2 * w.detach().cpu())
 
 

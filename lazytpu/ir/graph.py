@@ -1,10 +1,11 @@
 """The pending graph: storages of live tensors and what they hold.
 
-Note [Storage]: a ``Storage`` is the mutable cell a tensor reads: it holds a
-``Data`` (materialized) or an ``Output`` (pending). Tensors that alias
-(``detach``, ``.data``, ``alias``) share one storage, so an in-place write
-through one is seen by all: the write records a new node and re-binds the
-storage. Nodes themselves never change.
+Note [Storage]: a ``Storage`` is the mutable cell tensors read: it holds a
+``Data`` (materialized) or an ``Output`` (pending). A tensor and all its views
+(``detach``, ``.data``, slices, transposes, ...) share one storage, each with
+its own (size, stride, offset) window, as in torch; a write through any of
+them records a new node and re-binds the storage, so all see it. Nodes
+themselves never change.
 
 Every storage that holds a pending value is in the graph's weak registry; a
 storage that dies takes its pending work with it (nothing reaches the node any
@@ -25,13 +26,18 @@ from lazytpu.ir.node import Data, Output
 
 
 class Storage:
-    """The mutable value cell shared by aliasing tensors."""
+    """The mutable value cell shared by aliasing tensors.
 
-    __slots__ = ("value", "graph", "__weakref__")
+    ``value`` is a logical array of the base layout: shape ``value.aval.shape``
+    and memory strides ``stride`` (Note [Views as strides] in lowering/views).
+    """
 
-    def __init__(self, value, graph: PendingGraph) -> None:
+    __slots__ = ("value", "graph", "stride", "__weakref__")
+
+    def __init__(self, value, graph: PendingGraph, stride: tuple[int, ...]) -> None:
         self.value = value
         self.graph = graph
+        self.stride = tuple(stride)
         if isinstance(value, Output):
             graph.track(self)
 
@@ -44,6 +50,13 @@ class Storage:
     @property
     def pending(self) -> bool:
         return isinstance(self.value, Output)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.value.aval.shape:
+            n *= d
+        return n
 
 
 class PendingGraph:

@@ -8,6 +8,7 @@ from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
     random,
     reduction,
     shape,
+    views,
 )
 from lazytpu.lowering.program import LoweringError, apply_op, lower_program
 from lazytpu.lowering.registry import get_rule, lowering, registered_ops

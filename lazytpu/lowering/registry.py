@@ -37,8 +37,9 @@ def _is_functional(op: _OpOverload) -> bool:
 
 
 def expand(op) -> list[_OpOverload]:
-    """An overload stays itself; a packet gives its functional overloads."""
-    if isinstance(op, _OpOverload):
+    """An overload stays itself; a packet gives its functional overloads; a
+    string names one of lazytpu's own IR ops (e.g. ``"lazytpu.view_read"``)."""
+    if isinstance(op, (_OpOverload, str)):
         return [op]
     if isinstance(op, _OpPacket):
         overloads = [getattr(op, name) for name in op.overloads()]

@@ -1,0 +1,97 @@
+"""Reading and writing tensors through their windows on a shared storage.
+
+Every ``tpu`` tensor is a (size, stride, offset) window on a ``Storage``
+(Note [Storage]); views share their base's storage. ``read`` gives a tensor's
+current value (recording a ``view_read`` when it is a view), ``write``
+replaces it (recording a ``view_write`` into the base when it is a view), so
+a write through any view is seen by the base and by every other view.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lazytpu.engine import context
+from lazytpu.ir import Aval, Node, Output, Storage
+from lazytpu.ir.template import Slot, Template
+from lazytpu.lowering.views import VIEW_READ, VIEW_WRITE
+from lazytpu.tensor import LazyTensor
+
+
+def contiguous_strides(shape) -> tuple[int, ...]:
+    strides, n = [], 1
+    for d in reversed(tuple(shape)):
+        strides.append(n)
+        n *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+def new_tensor(value, shape, stride, dtype, index: int) -> LazyTensor:
+    """A tensor owning a fresh storage that holds ``value``."""
+    return LazyTensor(Storage(value, context(index).graph, stride), shape, stride, dtype, index)
+
+
+def view_of(base: LazyTensor, shape, stride, offset: int) -> LazyTensor:
+    """A new tensor sharing ``base``'s storage through another window."""
+    return LazyTensor(base._lt_storage, shape, stride, base.dtype, base.device.index or 0, offset)
+
+
+def _window_kwargs(t: LazyTensor) -> tuple:
+    size, stride, offset = t._lt_window
+    return (("base_stride", t._lt_storage.stride), ("offset", offset), ("size", size), ("stride", stride))
+
+
+def _node(op, inputs: tuple, kwargs: tuple, aval: Aval) -> Node:
+    template = Template(tuple(Slot(i) for i in range(len(inputs))), kwargs)
+    return Node(op, template, inputs, (aval,))
+
+
+def read(t: LazyTensor):
+    """The IR value of ``t`` now (pending or materialized)."""
+    storage = t._lt_storage
+    base = storage.value
+    if t._lt_window is None:
+        return base
+    cache = t._lt_cache
+    if cache is not None and cache[0] is base:
+        return cache[1]
+    ctx = context(t.device.index or 0)
+    with ctx.graph.lock:
+        node = _node(VIEW_READ, (base,), _window_kwargs(t), Aval(tuple(t.shape), t.dtype))
+        value = Output(node, 0)
+        t._lt_cache = (base, value)
+        ctx.recorded(node)
+    return t._lt_cache[1]
+
+
+def write(t: LazyTensor, src: LazyTensor) -> None:
+    """Make ``t`` hold ``src``'s value (cast and broadcast to ``t``)."""
+    if src.dtype != t.dtype:
+        src = torch.ops.aten._to_copy.default(src, dtype=t.dtype)
+    if src.shape != t.shape:
+        src = torch.ops.aten.expand.default(src, list(t.shape))
+    write_value(t, read(src))
+
+
+def write_value(t: LazyTensor, value) -> None:
+    """Make ``t`` hold the IR ``value`` (already of ``t``'s shape and dtype)."""
+    storage = t._lt_storage
+    if t._lt_window is None:
+        storage.bind(value)
+        return
+    ctx = context(t.device.index or 0)
+    with ctx.graph.lock:
+        node = _node(VIEW_WRITE, (storage.value, value), _window_kwargs(t), storage.value.aval)
+        storage.bind(Output(node, 0))
+        t._lt_cache = (storage.value, value)
+        ctx.recorded(node)
+
+
+def rebind_metadata(t: LazyTensor, fresh: LazyTensor) -> None:
+    """Give ``t`` the size, strides, offset and storage of ``fresh`` (for
+    ``resize_``, ``set_`` and in-place view ops such as ``t_``)."""
+    with torch.no_grad():
+        t.data = fresh
+    t._lt_storage = fresh._lt_storage
+    t._lt_window = fresh._lt_window
+    t._lt_cache = None

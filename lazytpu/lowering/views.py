@@ -1,0 +1,141 @@
+"""Strided views over a storage, as pure JAX (Note [Views as strides]).
+
+Note [Views as strides]: a tensor on ``tpu`` is a (size, stride, offset)
+window on a storage, exactly as in torch. The storage holds one logical
+array (its base layout: shape and strides). Reading a window that is not the
+base layout is ``view_read``; writing through it is ``view_write``, which
+returns the new base value. Both work on the storage's physical (flat) order.
+
+A window whose strides nest (each stride a multiple of the next, rows not
+overlapping) is taken with pad + reshape + slice + transpose, which XLA turns
+into cheap copies; any other window (overlapping ``unfold``/``as_strided``)
+is a gather with constant indices.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from lazytpu.lowering.registry import lowering
+
+VIEW_READ = "lazytpu.view_read"
+VIEW_WRITE = "lazytpu.view_write"
+
+
+def _physical_order(shape, strides) -> list[int]:
+    """Dims from outermost to innermost in memory."""
+    return sorted(range(len(shape)), key=lambda d: (-strides[d], d))
+
+
+def to_flat(x, strides):
+    """The physical (memory-order) 1-D array of a dense array ``x``."""
+    if x.ndim == 0:
+        return x.reshape(1)
+    order = _physical_order(x.shape, strides)
+    if order != list(range(x.ndim)):
+        x = jnp.transpose(x, order)
+    return x.reshape(-1)
+
+
+def from_flat(flat, shape, strides):
+    """Inverse of ``to_flat``."""
+    if len(shape) == 0:
+        return flat.reshape(())
+    order = _physical_order(shape, strides)
+    x = flat.reshape(tuple(shape[d] for d in order))
+    if order != list(range(len(shape))):
+        x = jnp.transpose(x, np.argsort(order))
+    return x
+
+
+def _nested_plan(size, stride):
+    """Plan a regular window: (dims by stride, extents of the reshaped grid).
+
+    Returns None when the window overlaps itself or its strides don't nest.
+    """
+    dims = [d for d in range(len(size)) if size[d] > 1 and stride[d] != 0]
+    dims.sort(key=lambda d: -stride[d])
+    if not dims:
+        return dims, []
+    for a, b in zip(dims, dims[1:]):
+        if stride[a] % stride[b] != 0 or stride[b] * size[b] > stride[a]:
+            return None
+    extents = [size[dims[0]]] + [stride[a] // stride[b] for a, b in zip(dims, dims[1:])] + [stride[dims[-1]]]
+    return dims, extents
+
+
+def _grid(flat, offset, extents):
+    """``flat[offset:]`` padded and reshaped to ``extents`` (an index grid)."""
+    span = math.prod(extents)
+    need = offset + span
+    if need > flat.shape[0]:
+        flat = jnp.pad(flat, (0, need - flat.shape[0]))
+    return flat[offset:offset + span].reshape(extents)
+
+
+def _gather_indices(size, stride, offset) -> np.ndarray:
+    idx = np.full(tuple(size), offset, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        idx = idx + (np.arange(n, dtype=np.int64) * s).reshape(shape)
+    return idx
+
+
+def window(flat, size, stride, offset):
+    """``torch.as_strided(flat, size, stride, offset)`` for a 1-D ``flat``."""
+    size, stride = tuple(size), tuple(stride)
+    if math.prod(size) == 0:
+        return jnp.zeros(size, flat.dtype)
+    plan = _nested_plan(size, stride)
+    if plan is None:
+        return flat[_gather_indices(size, stride, offset)]
+    dims, extents = plan
+    if not dims:
+        x = flat[offset]
+        return jnp.broadcast_to(x, size)
+    grid = _grid(flat, offset, extents)
+    x = grid[tuple(slice(0, size[d]) for d in dims) + (0,)]  # axes in stride order
+    if len(dims) > 1:
+        x = jnp.transpose(x, [dims.index(d) for d in sorted(dims)])
+    x = x.reshape([size[d] if d in dims else 1 for d in range(len(size))])
+    return jnp.broadcast_to(x, size)
+
+
+def write_window(flat, value, size, stride, offset):
+    """``flat`` with the window ``(size, stride, offset)`` set to ``value``."""
+    size, stride = tuple(size), tuple(stride)
+    if math.prod(size) == 0:
+        return flat
+    value = jnp.broadcast_to(value, size).astype(flat.dtype)
+    plan = _nested_plan(size, stride)
+    if plan is None or any(stride[d] == 0 and size[d] > 1 for d in range(len(size))):
+        idx = _gather_indices(size, stride, offset).reshape(-1)
+        return flat.at[idx].set(value.reshape(-1))
+    dims, extents = plan
+    if not dims:
+        return flat.at[offset].set(value.reshape(-1)[0])
+    n = flat.shape[0]
+    span = math.prod(extents)
+    padded = jnp.pad(flat, (0, max(0, offset + span - n)))
+    grid = padded[offset:offset + span].reshape(extents)
+    ordered = jnp.transpose(value.reshape(tuple(size[d] for d in range(len(size)) if d in dims)),
+                            [sorted(dims).index(d) for d in dims])
+    index = tuple(slice(0, size[d]) for d in dims) + (0,)
+    grid = grid.at[index].set(ordered)
+    padded = padded.at[offset:offset + span].set(grid.reshape(-1))
+    return padded[:n]
+
+
+@lowering(VIEW_READ)
+def view_read(base, *, base_stride, size, stride, offset):
+    return window(to_flat(base, base_stride), size, stride, offset)
+
+
+@lowering(VIEW_WRITE)
+def view_write(base, value, *, base_stride, size, stride, offset):
+    flat = write_window(to_flat(base, base_stride), value, size, stride, offset)
+    return from_flat(flat, base.shape, base_stride)

@@ -1,0 +1,183 @@
+"""Views share their base; writes through any view reach the base and the
+other views (issue: torch aliasing semantics). Each case runs on CPU torch and
+on ``tpu`` in both modes; every tensor the case holds must match."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lazytpu
+
+
+def _x(device):
+    return torch.arange(24, dtype=torch.float32).reshape(2, 3, 4).to(device)
+
+
+def _views_then_base_write(d):
+    x = _x(d)
+    a, b, c = x[0], x.transpose(0, 2), x.view(6, 4)
+    x.add_(1)
+    return [x, a, b, c]
+
+
+def _write_through_slice(d):
+    x = _x(d)
+    v = x[:, 1:, ::2]
+    v.mul_(10)
+    return [x, v, x.t() if x.dim() == 2 else x.permute(2, 1, 0)]
+
+
+def _setitem_forms(d):
+    x = _x(d)
+    x[0] = 5
+    x[1, 2] = torch.tensor([1.0, 2, 3, 4]).to(d)
+    x[..., 1] = -1
+    x[:, None, 0, 3] = 7
+    x[x > 20] = 0
+    x[torch.tensor([1]).to(d), 0] = 9
+    return [x]
+
+
+def _chained_views(d):
+    x = _x(d)
+    v = x.permute(2, 0, 1)[1:3].select(1, 1)
+    w = v.t()
+    w.fill_(3)
+    u = x.reshape(-1)[5:9]
+    u.zero_()
+    return [x, v, w, u]
+
+
+def _detach_and_data(d):
+    x = _x(d).requires_grad_() if False else _x(d)
+    y = x.detach()
+    y.add_(2)
+    z = x.data
+    z.mul_(2)
+    return [x, y, z]
+
+
+def _inplace_view_methods(d):
+    x = torch.arange(6.0).reshape(2, 3).to(d)
+    y = x[0:2]
+    y.t_()
+    y.unsqueeze_(0)
+    y.add_(100)
+    return [x, y]
+
+
+def _diagonal_unbind_split_chunk_narrow(d):
+    x = torch.arange(16.0).reshape(4, 4).to(d)
+    x.diagonal().add_(100)
+    r0, r1, *_ = x.unbind(0)
+    r1.neg_()
+    s = x.split([1, 3], dim=1)[1]
+    s.clamp_(max=50)
+    c = x.chunk(2, dim=0)[1]
+    c.sub_(1)
+    n = x.narrow(1, 2, 2)
+    n.copy_(torch.ones(4, 2).to(d))
+    return [x, r0, r1, s, c, n]
+
+
+def _expand_and_unfold_reads(d):
+    x = torch.arange(8.0).to(d)
+    e = x[:3].expand(4, 3)
+    u = x.unfold(0, 3, 2)
+    x.mul_(2)
+    return [x, e, u, e + 1, u.sum(1)]
+
+
+def _index_ops_inplace(d):
+    x = torch.zeros(5, 3).to(d)
+    idx = torch.tensor([0, 2, 2]).to(d)
+    src = torch.arange(9.0).reshape(3, 3).to(d)
+    x.index_add_(0, idx, src)
+    x.masked_fill_(x > 4, -1.0)
+    x.scatter_(1, torch.tensor([[0], [1], [2], [0], [1]]).to(d), 8.0)
+    x.index_put_((torch.tensor([4]).to(d), torch.tensor([2]).to(d)), torch.tensor(3.0).to(d))
+    return [x]
+
+
+def _copy_into_view_with_cast(d):
+    x = torch.zeros(3, 3, dtype=torch.float64).to(d)
+    x[1].copy_(torch.tensor([1, 2, 3]).to(d))
+    x[:, 0] = torch.tensor([7.5, 8.5, 9.5], dtype=torch.float32).to(d)
+    return [x]
+
+
+def _as_strided_write(d):
+    x = torch.arange(12.0).to(d)
+    v = x.as_strided((2, 2), (4, 1), 1)
+    v.mul_(-1)
+    return [x, v]
+
+
+def _out_variants(d):
+    a, b = torch.arange(6.0).reshape(2, 3).to(d), torch.ones(2, 3).to(d)
+    out = torch.empty(2, 3).to(d)
+    torch.add(a, b, out=out)
+    view_out = torch.zeros(2, 2, 3).to(d)
+    torch.mul(a, b, out=view_out[1])
+    return [out, view_out]
+
+
+CASES = [
+    _views_then_base_write, _write_through_slice, _setitem_forms, _chained_views, _detach_and_data,
+    _inplace_view_methods, _diagonal_unbind_split_chunk_narrow, _expand_and_unfold_reads, _index_ops_inplace,
+    _copy_into_view_with_cast, _as_strided_write, _out_variants,
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize("mode", ["defer", "strict"])
+def test_aliasing_matches_cpu(case, mode):
+    expected = case("cpu")
+    with torch.tpu.set_eager_mode(mode):
+        actual = case("tpu")
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            assert a.shape == e.shape and a.stride() == e.stride() and a.dtype == e.dtype
+            torch.testing.assert_close(a.cpu(), e)
+
+
+def test_views_record_no_nodes_until_read():
+    x = torch.randn(4, 4).to("tpu")
+    lazytpu.sync()
+    lazytpu.metrics.reset()
+    v = x.t()[1:]
+    assert lazytpu.metrics.snapshot()["ops_recorded"] == 0
+    assert v._lt_storage is x._lt_storage
+
+
+def test_inplace_on_leaf_view_raises_like_cpu():
+    for d in ("cpu", "tpu"):
+        w = torch.ones(3).to(d).requires_grad_()
+        with pytest.raises(RuntimeError, match="a leaf Variable that requires grad"):
+            w[0].add_(1)
+        with pytest.raises(RuntimeError, match="a leaf Variable that requires grad"):
+            w.add_(1)
+
+
+def test_modified_saved_tensor_raises_like_cpu():
+    for d in ("cpu", "tpu"):
+        a = torch.ones(3).to(d).requires_grad_()
+        b = a * 2
+        c = b.sigmoid()
+        c.add_(1)  # sigmoid saved its output
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            c.sum().backward()
+
+
+def test_gradient_through_view_writes():
+    def run(d):
+        a = torch.arange(6.0).reshape(2, 3).to(d).requires_grad_()
+        b = a * 1
+        b[0, 1:] = b[1, :2] * 3
+        b.t()[0].mul_(2)
+        b.sum().backward()
+        return [b.detach(), a.grad]
+
+    for x, y in zip(run("tpu"), run("cpu")):
+        torch.testing.assert_close(x.cpu(), y)
