@@ -57,6 +57,24 @@ def _after_optimizer_step(optimizer, args, kwargs) -> None:
         context(index).flush("optimizer_step")
 
 
+def _copy_from(src, dst, non_blocking=False):
+    """Cross-device copy, reached with the Python key excluded (e.g. inside
+    ``torch.tensor(data, device="tpu")``)."""
+    from lazytpu.handlers import copy_
+
+    return copy_(aten.copy_.default, (dst, src), {})
+
+
+def _copy_from_and_resize(src, dst):
+    from lazytpu.dispatch import resize_to
+
+    if dst.device.type == "tpu":
+        resize_to(dst, src.shape)
+    else:
+        dst.resize_(src.shape)
+    return _copy_from(src, dst)
+
+
 _registered = []
 
 
@@ -68,5 +86,7 @@ def register() -> None:
     lib = torch.library.Library("aten", "IMPL")
     lib.impl("empty.memory_format", _empty, "PrivateUse1")
     lib.impl("empty_strided", _empty_strided, "PrivateUse1")
+    lib.impl("_copy_from", _copy_from, "PrivateUse1")
+    lib.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
     _registered.append(lib)  # keep the library alive
     _registered.append(register_optimizer_step_post_hook(_after_optimizer_step))

@@ -73,14 +73,20 @@ def _is_tpu_device(d) -> bool:
     return (isinstance(d, torch.device) and d.type == "tpu") or (isinstance(d, str) and d.startswith("tpu"))
 
 
+class MetaUnavailable(Exception):
+    """torch has no meta kernel for this call (often: its output shape
+    depends on data); the op must run where data is (CPU fallback)."""
+
+
 def infer_meta(func, template, values):
     """Output metas of ``func`` (memoized), or torch's own error.
 
     Note [Meta errors]: meta kernels sometimes word errors differently from
-    the CPU kernels (they come from torch._refs), and some ops have no meta
-    kernel. On a meta failure the op is re-run on uninitialized CPU tensors of
-    the same shapes: its error is the one CPU torch users see; if it succeeds,
-    its outputs give the shapes and dtypes.
+    the CPU kernels (they come from torch._refs). On a meta failure the op is
+    re-run on uninitialized CPU tensors of the same shapes, so that the error
+    raised is the one CPU torch users see. If the CPU run succeeds where meta
+    had no kernel, ``MetaUnavailable`` is raised: the CPU run's shapes are not
+    trusted, since they may depend on the (garbage) data.
     """
     key = (func, template, tuple(_describe(v) for v in values))
     hit = _META_MEMO.get(key)
@@ -90,13 +96,12 @@ def infer_meta(func, template, values):
         out = _run_on(func, template, values, "meta")
     except Exception as meta_exc:
         try:
-            out = _run_on(func, template, values, "cpu")
+            _run_on(func, template, values, "cpu")
         except Exception as cpu_exc:
             raise cpu_exc.with_traceback(None) from None
-        if isinstance(meta_exc, NotImplementedError):
-            out = _as_meta(out)
-        else:
-            raise meta_exc.with_traceback(None) from None
+        if isinstance(meta_exc, NotImplementedError) or "meta" in str(meta_exc).lower():
+            raise MetaUnavailable(str(meta_exc)) from None
+        raise meta_exc.with_traceback(None) from None
     _META_MEMO[key] = out
     return out
 
@@ -115,14 +120,6 @@ def _run_on(func, template, values, device: str):
         kwargs["device"] = device
     with torch.no_grad():
         return func(*args, **kwargs)
-
-
-def _as_meta(out):
-    if isinstance(out, torch.Tensor):
-        return torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device="meta")
-    if isinstance(out, (list, tuple)):
-        return type(out)(_as_meta(o) for o in out)
-    return out
 
 
 # -- recording -----------------------------------------------------------------
@@ -327,9 +324,7 @@ def _is_inplace(func) -> bool:
 
 def _run_inplace(func, functional, args, kwargs):
     self = args[0]
-    lifted_args, lifted_kwargs = _lift(func, args, kwargs)
-    template, values = flatten(lifted_args, lifted_kwargs, _pick)
-    infer_meta(func, template, values)  # torch's errors (e.g. result type can't be cast)
+    _check_with_meta(func, args, kwargs)  # torch's errors (e.g. result type can't be cast)
     result = dispatch(functional, args, kwargs)
     write(self, result)
     return self
@@ -479,7 +474,10 @@ def dispatch(func, args, kwargs):
         return run_inplace_view(func, args, kwargs)
     rule = get_rule(func)
     if rule is not None:
-        return record(func, args, kwargs, rule)
+        try:
+            return record(func, args, kwargs, rule)
+        except MetaUnavailable:
+            return cpu_fallback(func, args, kwargs)
     name = func._schema.name
     if name.startswith("aten::_foreach_"):
         out = run_foreach(func, args, kwargs)
@@ -530,7 +528,7 @@ def _check_with_meta(func, args, kwargs) -> None:
     template, values = flatten(args, kwargs, _pick)
     try:
         infer_meta(func, template, values)
-    except NotImplementedError:
+    except MetaUnavailable:
         pass
 
 

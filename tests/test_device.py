@@ -124,3 +124,12 @@ def test_platform_choice_errors_name_what_is_present():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode != 0
     assert "RuntimeError" in out.stderr and "present: cpu" in out.stderr
+
+
+def test_tensor_constructors_on_tpu():
+    t = torch.tensor([[1, 2], [3, 4]], device="tpu")
+    assert t.device.type == "tpu" and t.dtype == torch.int64
+    assert t.tolist() == [[1, 2], [3, 4]]
+    assert torch.as_tensor([1.5], device="tpu").item() == 1.5
+    assert t.new_tensor([7.0]).device.type == "tpu"
+    assert torch.tensor(3.0, device="tpu", dtype=torch.float64).cpu().dtype == torch.float64

@@ -1,0 +1,180 @@
+"""Indexing: advanced indexing, index_put, gather/scatter, index_copy/fill, take.
+
+Index tensors with integer dtype follow torch's (= numpy's) advanced-indexing
+rules; negative indices wrap. Boolean masks have data-dependent shapes and
+never reach these rules (torch has no meta kernel for them).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import torch
+
+from lazytpu.lowering.registry import lowering
+
+aten = torch.ops.aten
+
+
+def _wrap(index, size):
+    return jnp.where(index < 0, index + size, index)
+
+
+def _key(x, indices):
+    """A numpy-style index tuple from aten's list of optional index tensors."""
+    key = []
+    for dim, idx in enumerate(indices):
+        if idx is None:
+            key.append(slice(None))
+        elif idx.dtype == jnp.bool_:
+            raise NotImplementedError("boolean index masks have data-dependent shapes")
+        else:
+            key.append(_wrap(idx, x.shape[dim]))
+    return tuple(key)
+
+
+@lowering(aten.index.Tensor)
+def index(x, indices):
+    return x[_key(x, indices)]
+
+
+@lowering(aten.index_put)
+def index_put(x, indices, values, accumulate=False):
+    values = values.astype(x.dtype)
+    masks = [i for i, idx in enumerate(indices) if idx is not None and idx.dtype == jnp.bool_]
+    if masks:
+        if len(masks) != 1 or any(idx is not None for i, idx in enumerate(indices) if i != masks[0]):
+            raise NotImplementedError("index_put mixing a boolean mask with other indices")
+        return _put_masked(x, masks[0], indices[masks[0]], values, accumulate)
+    at = x.at[_key(x, indices)]
+    return at.add(values) if accumulate else at.set(values)
+
+
+def _put_masked(x, p, mask, values, accumulate):
+    """``x[..., mask, ...] = values`` without data-dependent shapes: the k-th
+    True position takes ``values``' k-th row (a cumsum gives k)."""
+    k = mask.ndim
+    rest = x.shape[p + k:]
+    nd = p + 1 + len(rest)
+    v = values.reshape((1,) * (nd - values.ndim) + values.shape)
+    if v.shape[p] == 1:
+        v = v.reshape(v.shape[:p] + (1,) * k + v.shape[p + 1:])
+    else:
+        rank = jnp.clip(jnp.cumsum(mask.reshape(-1)) - 1, 0).reshape(mask.shape)
+        v = jnp.take(v, rank, axis=p)
+    v = jnp.broadcast_to(v, x.shape)
+    m = mask.reshape((1,) * p + mask.shape + (1,) * len(rest))
+    return x + jnp.where(m, v, jnp.zeros((), x.dtype)) if accumulate else jnp.where(m, v, x)
+
+
+@lowering(aten.put)
+def put(x, index, source, accumulate=False):
+    flat = x.reshape(-1)
+    at = flat.at[_wrap(index.reshape(-1), flat.shape[0])]
+    source = source.reshape(-1).astype(x.dtype)
+    return (at.add(source) if accumulate else at.set(source)).reshape(x.shape)
+
+
+def _axis_index(index, dim, ndim):
+    """Index arrays selecting ``index`` along ``dim`` and everything elsewhere."""
+    grids = jnp.meshgrid(*[jnp.arange(n) for n in index.shape], indexing="ij")
+    return tuple(index if d == dim else grids[d] for d in range(ndim))
+
+
+@lowering(aten.gather)
+def gather(x, dim, index, *, sparse_grad=False):
+    if index.ndim == 0 or x.ndim == 0:
+        return x.reshape(-1)[index.reshape(-1)].reshape(index.shape)
+    dim = dim % x.ndim
+    return x[_axis_index(_wrap(index, x.shape[dim]), dim, x.ndim)]
+
+
+def _scatter(x, dim, index, src, reduce=None):
+    if x.ndim == 0:
+        x1 = x.reshape(1)
+        return _scatter(x1, 0, index.reshape(-1), jnp.asarray(src).reshape(-1)[:1] if jnp.ndim(src) else src,
+                        reduce).reshape(())
+    dim = dim % x.ndim
+    src = jnp.broadcast_to(jnp.asarray(src, x.dtype), index.shape) if jnp.ndim(src) == 0 else src
+    if jnp.ndim(src) and src.shape != index.shape:
+        src = src[tuple(slice(0, n) for n in index.shape)]
+    at = x.at[_axis_index(_wrap(index, x.shape[dim]), dim, x.ndim)]
+    src = src.astype(x.dtype)
+    if reduce is None:
+        return at.set(src)
+    if reduce in ("add", "sum"):
+        return at.add(src)
+    if reduce in ("multiply", "prod"):
+        return at.multiply(src)
+    if reduce == "amax":
+        return at.max(src)
+    if reduce == "amin":
+        return at.min(src)
+    raise NotImplementedError(f"scatter reduce={reduce!r}")
+
+
+@lowering(aten.scatter.src, aten.scatter.value)
+def scatter(x, dim, index, src):
+    return _scatter(x, dim, index, src)
+
+
+@lowering(aten.scatter.reduce, aten.scatter.value_reduce)
+def scatter_reduce_legacy(x, dim, index, src, *, reduce):
+    return _scatter(x, dim, index, src, reduce)
+
+
+@lowering(aten.scatter_add)
+def scatter_add(x, dim, index, src):
+    return _scatter(x, dim, index, src, "add")
+
+
+@lowering(aten.scatter_reduce.two)
+def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
+    if reduce == "mean":
+        dim = dim % max(x.ndim, 1)
+        total = _scatter(x if include_self else jnp.zeros_like(x), dim, index, src, "add")
+        count = _scatter(jnp.ones_like(x) if include_self else jnp.zeros_like(x), dim, index,
+                         jnp.ones(index.shape, x.dtype), "add")
+        mean = total / jnp.maximum(count, 1)
+        out = mean if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.floor_divide(total, jnp.maximum(count, 1))
+        return jnp.where(count > 0, out, x)
+    if include_self:
+        return _scatter(x, dim, index, src, reduce)
+    identity = {"sum": 0, "prod": 1, "amax": _lowest(x.dtype), "amin": _highest(x.dtype)}[reduce]
+    touched = _scatter(jnp.zeros(x.shape, jnp.bool_), dim, index, jnp.ones(index.shape, jnp.bool_))
+    out = _scatter(jnp.full_like(x, identity), dim, index, src, reduce)
+    return jnp.where(touched, out, x)
+
+
+def _lowest(dtype):
+    return -jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min
+
+
+def _highest(dtype):
+    return jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).max
+
+
+def _along(x, dim, index):
+    key = [slice(None)] * x.ndim
+    key[dim] = _wrap(index, x.shape[dim])
+    return tuple(key)
+
+
+@lowering(aten.index_copy)
+def index_copy(x, dim, index, source):
+    if x.ndim == 0:
+        return source.reshape(())
+    dim = dim % x.ndim
+    return x.at[_along(x, dim, index)].set(source.astype(x.dtype))
+
+
+@lowering(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def index_fill(x, dim, index, value):
+    if x.ndim == 0:
+        return jnp.asarray(value, x.dtype).reshape(())
+    dim = dim % x.ndim
+    return x.at[_along(x, dim, index)].set(jnp.asarray(value).astype(x.dtype))
+
+
+@lowering(aten.take)
+def take(x, index):
+    return x.reshape(-1)[_wrap(index, x.size)]
