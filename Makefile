@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test fuzz lint venv clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q --timeout=900 tests
+
+# A long differential-fuzzing campaign of aliasing programs (random seed).
+fuzz: $(STAMP)
+	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-5000} FUZZ_RANDOM=1 $(BIN)/python -m pytest -q -s tests/test_fuzz_aliasing.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check lazytpu tests examples

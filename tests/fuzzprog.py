@@ -1,0 +1,193 @@
+"""Random aliasing programs for differential fuzzing (CPU torch vs ``tpu``).
+
+A program is a list of integer tuples; ``run_program`` interprets it on one
+device, so the same program replays identically on CPU and on ``tpu`` (shapes
+and aliasing follow torch's semantics on both). The interpreter keeps a pool
+of tensors: views of each other, results of ops; every step reads and writes
+members of the pool. It returns everything observable: the tensors held at the
+end, values printed (synced) along the way, and the types of errors raised.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# -- view steps: take a view of a pool tensor ---------------------------------
+
+
+def _v_transpose(t, a):
+    return t.transpose(a % t.dim(), (a // 7) % t.dim()) if t.dim() >= 2 else None
+
+
+def _v_slice(t, a):
+    if t.dim() == 0 or t.shape[0] == 0:
+        return None
+    n = t.shape[0]
+    start, step = a % n, 1 + (a // 5) % 2
+    return t[start::step]
+
+
+def _v_select(t, a):
+    if t.dim() == 0 or t.shape[a % t.dim()] == 0:
+        return None
+    d = a % t.dim()
+    return t.select(d, (a // 3) % t.shape[d])
+
+
+def _v_flat(t, a):
+    return t.view(-1) if t.is_contiguous() else None
+
+
+def _v_diag(t, a):
+    return t.diagonal() if t.dim() == 2 else None
+
+
+def _v_unsqueeze(t, a):
+    return t.unsqueeze(a % (t.dim() + 1)) if t.dim() < 4 else None
+
+
+def _v_narrow(t, a):
+    if t.dim() == 0 or t.shape[-1] < 2:
+        return None
+    return t.narrow(-1, a % (t.shape[-1] - 1), 1 + (a // 3) % 2 if t.shape[-1] > 2 else 1)
+
+
+def _v_detach(t, a):
+    return t.detach()
+
+
+def _v_chunk(t, a):
+    return t.chunk(2, dim=-1)[a % 2] if t.dim() >= 1 and t.shape[-1] >= 2 else None
+
+
+def _v_permute(t, a):
+    return t.permute(*reversed(range(t.dim()))) if t.dim() >= 2 else None
+
+
+VIEWS = [_v_transpose, _v_slice, _v_select, _v_flat, _v_diag, _v_unsqueeze, _v_narrow, _v_detach, _v_chunk, _v_permute]
+
+# -- in-place writes ------------------------------------------------------------
+
+
+def _w_add(t, o, a):
+    t.add_(float(a % 5) - 2.0)
+
+
+def _w_mul(t, o, a):
+    t.mul_(0.5 + (a % 3))
+
+
+def _w_zero(t, o, a):
+    t.zero_()
+
+
+def _w_fill(t, o, a):
+    t.fill_(float(a % 9))
+
+
+def _w_clamp(t, o, a):
+    t.clamp_(min=float(a % 7) - 3.0)
+
+
+def _w_copy(t, o, a):
+    t.copy_(o)  # broadcast o into t (errors when not broadcastable, as on CPU)
+
+
+def _w_setitem_int(t, o, a):
+    if t.dim() and t.shape[0]:
+        t[a % t.shape[0]] = float(a % 11)
+
+
+def _w_setitem_slice(t, o, a):
+    if t.dim():
+        t[..., ::2] = -float(a % 4)
+
+
+def _w_setitem_mask(t, o, a):
+    t[t > float(a % 6)] = 100.0
+
+
+def _w_setitem_index(t, o, a):
+    if t.dim() and t.shape[0]:
+        idx = torch.tensor([a % t.shape[0], 0], device=t.device)
+        t[idx] = 1.5
+
+
+def _w_add_tensor(t, o, a):
+    t.add_(o, alpha=2)
+
+
+def _w_index_add(t, o, a):
+    if t.dim() and t.shape[0]:
+        idx = torch.tensor([a % t.shape[0]], device=t.device)
+        t.index_add_(0, idx, torch.ones((1,) + tuple(t.shape[1:]), device=t.device))
+
+
+def _w_t_(t, o, a):
+    if t.dim() == 2:
+        t.t_()
+
+
+WRITES = [_w_add, _w_mul, _w_zero, _w_fill, _w_clamp, _w_copy, _w_setitem_int, _w_setitem_slice, _w_setitem_mask,
+          _w_setitem_index, _w_add_tensor, _w_index_add, _w_t_]
+
+# -- new tensors ----------------------------------------------------------------
+
+
+def _n_binary(t, o, a):
+    return t + o * 0.5 if a % 2 else t * o
+
+
+def _n_unary(t, o, a):
+    return [torch.tanh, torch.sin, torch.abs, torch.neg][a % 4](t)
+
+
+def _n_reduce(t, o, a):
+    if t.dim() == 0:
+        return t.sum()
+    return [lambda x: x.sum(-1), lambda x: x.mean(0), lambda x: x.amax(-1), lambda x: x.sum()][a % 4](t)
+
+
+def _n_clone(t, o, a):
+    return t.clone() if a % 2 else t.contiguous()
+
+
+NEWS = [_n_binary, _n_unary, _n_reduce, _n_clone]
+
+
+def run_program(program, device: str):
+    """Interpret ``program`` on ``device``; return what it observed."""
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6).to(device) - 8
+    pool = [base]
+    observed = []
+    for kind, i, j, a in program:
+        t, o = pool[i % len(pool)], pool[j % len(pool)]
+        try:
+            if kind % 4 == 0:
+                out = VIEWS[a % len(VIEWS)](t, a // len(VIEWS))
+                if out is not None:
+                    pool.append(out)
+            elif kind % 4 == 1:
+                WRITES[a % len(WRITES)](t, o, a // len(WRITES))
+            elif kind % 4 == 2:
+                out = NEWS[a % len(NEWS)](t, o, a // len(NEWS))
+                pool.append(out)
+            else:
+                observed.append(("sync", t.cpu().clone()))
+        except RuntimeError as exc:
+            observed.append(("error", type(exc).__name__))
+        if len(pool) > 12:
+            pool.pop(1)
+    observed += [("final", t.cpu().clone()) for t in pool]
+    return observed
+
+
+def assert_same(actual, expected) -> None:
+    assert len(actual) == len(expected), (actual, expected)
+    for (ka, va), (ke, ve) in zip(actual, expected):
+        assert ka == ke, (ka, ke)
+        if ka == "error":
+            assert va == ve
+        else:
+            assert va.shape == ve.shape and va.dtype == ve.dtype, (va.shape, ve.shape)
+            torch.testing.assert_close(va, ve, equal_nan=True)
