@@ -5,9 +5,11 @@ dispatcher as ``empty`` followed by an in-place fill (``zero_``, ``fill_``)
 or an ``out=`` op (``arange.start_out``, ``eye.m_out``); the dispatcher maps
 those to the functional overloads registered here.
 
-Note [Factory arithmetic]: ``arange`` and ``linspace`` reproduce the formulas
-of torch's CPU kernels (accumulation type and the two-sided ``linspace``), so
-their values match CPU torch exactly, not just to a tolerance.
+Note [Factory arithmetic]: ``arange``, ``linspace`` and ``logspace`` follow
+torch's CPU kernels: bounds converted to the result type first, then stepped
+in its accumulation type (double for integers; ``arange`` also for floats),
+``linspace`` from both ends. Values match CPU torch exactly for ``arange``
+and to rounding for the others (torch's vectorized loop rounds per chunk).
 """
 
 from __future__ import annotations
@@ -154,16 +156,11 @@ def arange(*bounds, dtype=None, layout=None, device=None, pin_memory=None):
     return start + step * jnp.arange(n, dtype=jnp.float64)
 
 
-@lowering(aten.linspace.default)
-def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
-    target = _jdtype(dtype)
-    # torch steps in the result type, or in double for integral results.
-    work = jnp.float64 if _is_integral(target) else target
-    if _is_integral(target):
-        start, end = int(start), int(end)
-    lo, hi = jnp.asarray(start, target).astype(work), jnp.asarray(end, target).astype(work)
+def _two_sided(lo, hi, steps: int, work):
+    """torch's ``linspace`` steps: from ``lo`` in the first half, back from ``hi``
+    in the second, so both ends are exact."""
     if steps <= 1:
-        return jnp.full((steps,), lo)
+        return jnp.full((steps,), lo, work)
     step = (hi - lo) / (steps - 1)
     idx = jnp.arange(steps)
     front = lo + step * idx.astype(work)
@@ -171,9 +168,23 @@ def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_mem
     return jnp.where(idx < steps // 2, front, back)
 
 
+def _bounds(start, end, target, work):
+    """``start`` and ``end`` converted to the result type first, as torch does."""
+    if _is_integral(target):
+        start, end = int(start), int(end)
+    return jnp.asarray(start, target).astype(work), jnp.asarray(end, target).astype(work)
+
+
+@lowering(aten.linspace.default)
+def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
+    target = _jdtype(dtype)
+    work = jnp.float64 if _is_integral(target) else target  # torch steps in double for integers
+    return _two_sided(*_bounds(start, end, target, work), steps, work)
+
+
 @lowering(aten.logspace.default)
 def logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None, pin_memory=None):
-    exponents = linspace(float(start), float(end), steps, dtype=torch.float64)
+    exponents = _two_sided(*_bounds(start, end, _jdtype(dtype), jnp.float64), steps, jnp.float64)
     return jnp.power(jnp.float64(base), exponents)
 
 

@@ -55,4 +55,3 @@ def addbmm(bias, x, y, *, beta=1, alpha=1):
 @lowering(aten.addr.default)
 def addr(bias, x, y, *, beta=1, alpha=1):
     return _scaled_add(bias, jnp.outer(x, y), beta, alpha)
-

@@ -141,14 +141,12 @@ def randint_like(x, high, *, dtype=None, layout=None, device=None, pin_memory=No
 
 
 @lowering(aten.randint_like.low_dtype, random=True)
-def randint_like_low(x, low, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None,
-                     key):
+def randint_like_low(x, low, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
     return _integers(key, x.shape, low, high)
 
 
 @lowering(aten.randint_like.Tensor, random=True)
-def randint_like_tensor(x, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None,
-                        key):
+def randint_like_tensor(x, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
     return jax.random.randint(key, x.shape, 0, high.astype(jnp.int64), dtype=jnp.int64)
 
 

@@ -1,4 +1,11 @@
-"""Shape and view ops (as values; aliasing is the dispatcher's business).
+"""Shape ops: the ``*_copy`` forms of views, joins, flips, gathers, backward ops.
+
+View ops themselves (``view``, ``permute``, ``slice``, ``split``, ...) record
+nothing: the dispatcher makes them windows on their base's storage (Note
+[Views as strides]). What reaches these rules is their functional ``*_copy``
+forms, the views that change the dtype (``view.dtype``), and the ops that make
+new values: ``cat``, ``stack``, ``flip``, ``roll``, ``repeat``, ``index_select``
+and the backward ops autograd emits for views.
 
 Dims and sizes are Python ints (static). Rules normalize negative dims
 themselves, since torch allows ``dim=-1`` (and ``dim=0`` or ``-1`` on a 0-d
@@ -41,14 +48,9 @@ def _infer_size(size, numel: int) -> tuple:
     return tuple(numel // known if s == -1 else s for s in size)
 
 
-@lowering(aten.view.default, aten._unsafe_view, aten.view_copy.default)
+@lowering(aten._unsafe_view, aten.view_copy.default)
 def view(x, size):
     return jnp.reshape(x, _infer_size(size, x.size))
-
-
-@lowering(aten._reshape_alias)
-def reshape_alias(x, size, stride):
-    return jnp.reshape(x, tuple(size))
 
 
 @lowering(aten.view.dtype, aten.view_copy.dtype)
@@ -65,7 +67,7 @@ def view_dtype(x, dtype):
     return lax.bitcast_convert_type(x.reshape(x.shape[:-1] + (x.shape[-1] // ratio, ratio)), target)
 
 
-@lowering(aten.squeeze, aten.squeeze_copy)
+@lowering(aten.squeeze_copy)
 def squeeze(x, dim=None):
     if dim is None:
         dims = range(x.ndim)
@@ -75,7 +77,7 @@ def squeeze(x, dim=None):
     return jnp.squeeze(x, axes) if axes else x
 
 
-@lowering(aten.unsqueeze, aten.unsqueeze_copy)
+@lowering(aten.unsqueeze_copy)
 def unsqueeze(x, dim):
     return jnp.expand_dims(x, dim % (x.ndim + 1))
 
@@ -83,22 +85,22 @@ def unsqueeze(x, dim):
 # -- permutations and broadcasts -------------------------------------------------
 
 
-@lowering(aten.permute, aten.permute_copy)
+@lowering(aten.permute_copy)
 def permute(x, dims):
     return jnp.transpose(x, tuple(_dim(d, x.ndim) for d in dims)) if x.ndim else x
 
 
-@lowering(aten.transpose.int, aten.transpose_copy.int)
+@lowering(aten.transpose_copy.int)
 def transpose(x, dim0, dim1):
     return jnp.swapaxes(x, _dim(dim0, x.ndim), _dim(dim1, x.ndim)) if x.ndim else x
 
 
-@lowering(aten.t, aten.t_copy)
+@lowering(aten.t_copy)
 def t(x):
     return x.T if x.ndim == 2 else x
 
 
-@lowering(aten.expand, aten.expand_copy)
+@lowering(aten.expand_copy)
 def expand(x, size, *, implicit=False):
     lead = len(size) - x.ndim
     size = tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(size))
@@ -126,13 +128,13 @@ def repeat(x, repeats):
 # -- slicing -------------------------------------------------------------------
 
 
-@lowering(aten.slice.Tensor, aten.slice_copy.Tensor)
+@lowering(aten.slice_copy.Tensor)
 def slice_(x, dim=0, start=None, end=None, step=1):
     # Python slicing clamps out-of-range bounds and wraps negatives as torch does.
     return x[_along(_dim(dim, x.ndim), slice(start, end, step))]
 
 
-@lowering(aten.select.int, aten.select_copy.int)
+@lowering(aten.select_copy.int)
 def select(x, dim, index):
     dim = _dim(dim, x.ndim)
     return x[_along(dim, index % x.shape[dim])]
@@ -151,7 +153,7 @@ def select_backward(grad, input_sizes, dim, index):
     return zeros.at[_along(dim, index % input_sizes[dim])].set(grad)
 
 
-@lowering(aten.diagonal, aten.diagonal_copy)
+@lowering(aten.diagonal_copy)
 def diagonal(x, offset=0, dim1=0, dim2=1):
     return jnp.diagonal(x, offset, _dim(dim1, x.ndim), _dim(dim2, x.ndim))
 
@@ -194,7 +196,7 @@ def _split_at(x, dim: int, sizes) -> list:
     return pieces
 
 
-@lowering(aten.split.Tensor, aten.split_copy.Tensor)
+@lowering(aten.split_copy.Tensor)
 def split(x, split_size, dim=0):
     dim = _dim(dim, x.ndim)
     n = x.shape[dim]
@@ -203,12 +205,12 @@ def split(x, split_size, dim=0):
     return _split_at(x, dim, sizes)
 
 
-@lowering(aten.split_with_sizes, aten.split_with_sizes_copy)
+@lowering(aten.split_with_sizes_copy)
 def split_with_sizes(x, split_sizes, dim=0):
     return _split_at(x, _dim(dim, x.ndim), split_sizes)
 
 
-@lowering(aten.unbind.int, aten.unbind_copy.int)
+@lowering(aten.unbind_copy.int)
 def unbind(x, dim=0):
     dim = _dim(dim, x.ndim)
     return [x[_along(dim, i)] for i in range(x.shape[dim])]
@@ -231,4 +233,3 @@ def index_add(x, dim, index, source, *, alpha=1):
     dim = _dim(dim, x.ndim)
     source = source.reshape(source.shape if source.ndim else (1,))
     return x.at[_along(dim, index.reshape(-1))].add((alpha * source).astype(x.dtype))
-
