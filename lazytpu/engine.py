@@ -69,7 +69,6 @@ class DeviceContext:
         self.index = index
         self.graph = PendingGraph()
         self.seed = DEFAULT_SEED
-        self.last_outputs: tuple = ()  # what synchronize() waits for
 
     # -- random state ---------------------------------------------------
     def manual_seed(self, seed: int) -> None:
@@ -119,12 +118,17 @@ class DeviceContext:
             if not roots:
                 return ()
             program, inputs, distinct = build_program(roots)
+            held = self.graph.held_buffers()
+            donate = tuple(
+                i for i, (kind, buf) in enumerate(zip(program.input_kinds, inputs))
+                if isinstance(kind, Aval) and id(buf) not in held
+            )
             blocking = MODE.current is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
             outs = runtime.execute(
-                program.key, lambda: lower_program(program), inputs, index=self.index, blocking=blocking
+                (program.key, donate), lambda: lower_program(program), inputs,
+                index=self.index, blocking=blocking, donate=donate,
             )
             self.graph.rebind({r: Data(buf, r.aval) for r, buf in zip(distinct, outs)})
-            self.last_outputs = outs
             return outs
 
 

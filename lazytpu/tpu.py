@@ -83,7 +83,7 @@ def synchronize(device=None) -> None:
     """Run everything pending on ``device`` and wait for it."""
     ctx = engine.context(_index(device))
     ctx.flush("synchronize")
-    jax.block_until_ready(ctx.last_outputs)
+    jax.block_until_ready(ctx.graph.live_buffers())
 
 
 def manual_seed(seed: int) -> None:

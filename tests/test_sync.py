@@ -61,7 +61,8 @@ def test_dead_tensors_are_never_computed():
     from lazytpu.runtime.executor import _CACHE
 
     last_key = list(_CACHE.entries)[-1]
-    assert len(last_key[0]) == 1
+    program_key, _donated = last_key
+    assert len(program_key[0]) == 1
 
 
 def test_program_cache_hits_whatever_the_buffers():

@@ -38,6 +38,7 @@ class Storage:
         self.value = value
         self.graph = graph
         self.stride = tuple(stride)
+        graph.storages[self] = None
         if isinstance(value, Output):
             graph.track(self)
 
@@ -72,6 +73,9 @@ class PendingGraph:
         # Insertion-ordered (unlike a WeakSet), so the same recording gives the
         # same program key (Note [Deterministic roots]).
         self._live: weakref.WeakKeyDictionary[Storage, None] = weakref.WeakKeyDictionary()
+        # every live storage, pending or not: who still holds which buffer
+        # (Note [Donation])
+        self.storages: weakref.WeakKeyDictionary[Storage, None] = weakref.WeakKeyDictionary()
         self.rng: Data | Output | None = None
         self.pending_ops = 0
 
@@ -88,6 +92,22 @@ class PendingGraph:
         if isinstance(self.rng, Output):
             outs.append(self.rng)
         return outs
+
+    def live_buffers(self) -> list:
+        """The device buffers of every live storage (what synchronize waits for)."""
+        return [s.value.buffer for s in list(self.storages) if isinstance(s.value, Data)]
+
+    def held_buffers(self) -> set[int]:
+        """ids of the device buffers some live storage (or the rng) holds.
+
+        Note [Donation]: a program input that no live storage holds any more
+        (a parameter overwritten in place by this very program) is donated to
+        the program, so its memory is reused for the outputs.
+        """
+        held = {id(b) for b in self.live_buffers()}
+        if isinstance(self.rng, Data):
+            held.add(id(self.rng.buffer))
+        return held
 
     def rebind(self, results: dict[Output, Data]) -> None:
         """Replace pending values by the program's results; forget the rest."""

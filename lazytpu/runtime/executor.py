@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 
 import jax
 from jax.sharding import SingleDeviceSharding
@@ -30,16 +31,19 @@ class _ProgramCache:
 _CACHE = _ProgramCache()
 
 
-def _compile(key, fn, inputs, index: int):
+def _compile(key, fn, inputs, index: int, donate: tuple):
     start = time.perf_counter()
     sharding = SingleDeviceSharding(device(index))
-    compiled = jax.jit(fn, out_shardings=sharding).lower(*inputs).compile()
+    with warnings.catch_warnings():
+        # an input donated but not reusable by any output is simply freed
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        compiled = jax.jit(fn, out_shardings=sharding, donate_argnums=donate).lower(*inputs).compile()
     metrics.add("compile_seconds", time.perf_counter() - start)
     metrics.add("programs_compiled")
     return compiled
 
 
-def execute(key, make_fn, inputs: list, *, index: int = 0, blocking: bool = False) -> tuple:
+def execute(key, make_fn, inputs: list, *, index: int = 0, blocking: bool = False, donate: tuple = ()) -> tuple:
     """Run the program ``key`` on ``inputs``; compile it on a miss.
 
     Args:
@@ -48,11 +52,13 @@ def execute(key, make_fn, inputs: list, *, index: int = 0, blocking: bool = Fals
         inputs: device buffers and Python scalars, in input order.
         index: device index.
         blocking: wait for the results (strict-blocking mode).
+        donate: positions of input buffers nothing needs after this program
+            (Note [Donation]); part of ``key``.
     """
     compiled = _CACHE.entries.get(key)
     if compiled is None:
         metrics.add("cache_misses")
-        compiled = _compile(key, make_fn(), inputs, index)
+        compiled = _compile(key, make_fn(), inputs, index, donate)
         with _CACHE.lock:
             _CACHE.misses += 1
             _CACHE.entries[key] = compiled
@@ -61,7 +67,9 @@ def execute(key, make_fn, inputs: list, *, index: int = 0, blocking: bool = Fals
         with _CACHE.lock:
             _CACHE.hits += 1
     start = time.perf_counter()
-    outputs = compiled(*inputs)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        outputs = compiled(*inputs)
     if blocking:
         jax.block_until_ready(outputs)
     metrics.add("execute_seconds", time.perf_counter() - start)
