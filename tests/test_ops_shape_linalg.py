@@ -273,6 +273,15 @@ VALUE_CASES = [
     ),
     Case("repeat", lambda x, r: x.repeat(r), (_v((2, 3), params=((2, 1),)), _v((3,), params=((2, 1, 2),)))),
     Case(
+        "constant_pad",
+        lambda x, p, v: torch.nn.functional.pad(x, p, value=v),
+        (
+            _v((2, 3), params=((1, 2), 0)),
+            _v((2, 3, 4), params=((0, 1, -1, 2), 1.5)),
+            _v((2, 3), params=((-1, 0, 1, 1), 2)),
+        ),
+    ),
+    Case(
         "view_dtype",
         lambda x, d: x.view(d),
         (
@@ -348,6 +357,8 @@ LINALG_CASES = [
         (_v((2, 3), (2,), (3,), params=(0.5, 2.0)),),
         dtypes=FLOAT,
     ),
+    Case("tril", lambda x, k: x.tril(k), (_v((3, 4), params=(0,)), _v((2, 3, 3), params=(-1,))), dtypes=ALL),
+    Case("triu", lambda x, k: x.triu(k), (_v((4, 3), params=(1,)), _v((0, 3), params=(0,))), dtypes=ALL),
     Case("linear", torch.nn.functional.linear, (_v((5, 3), (4, 3), (4,)), _v((2, 5, 3), (4, 3))), dtypes=FLOAT),
     Case("einsum", lambda x, y: torch.einsum("bij,bkj->bik", x, y), (_v((2, 3, 4), (2, 5, 4)),), dtypes=FLOAT),
 ]

@@ -1,4 +1,4 @@
-"""Matrix products: mm, bmm, mv, dot and their ``add*`` forms.
+"""Matrix products (mm, bmm, mv, dot and their ``add*`` forms) and triangles.
 
 ``matmul`` and ``linear`` are CompositeImplicit in torch: they arrive here
 already decomposed into these ops plus views.
@@ -55,3 +55,13 @@ def addbmm(bias, x, y, *, beta=1, alpha=1):
 @lowering(aten.addr.default)
 def addr(bias, x, y, *, beta=1, alpha=1):
     return _scaled_add(bias, jnp.outer(x, y), beta, alpha)
+
+
+@lowering(aten.tril)
+def tril(x, diagonal=0):
+    return jnp.tril(x, diagonal)
+
+
+@lowering(aten.triu)
+def triu(x, diagonal=0):
+    return jnp.triu(x, diagonal)

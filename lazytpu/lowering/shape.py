@@ -125,6 +125,14 @@ def repeat(x, repeats):
     return jnp.tile(x, tuple(repeats))
 
 
+@lowering(aten.constant_pad_nd)
+def constant_pad_nd(x, pad, value=0):
+    # ``pad`` pairs start at the last dim; negative amounts crop (lax.pad allows them).
+    widths = [(0, 0, 0)] * (x.ndim - len(pad) // 2)
+    widths += [(pad[2 * i], pad[2 * i + 1], 0) for i in reversed(range(len(pad) // 2))]
+    return lax.pad(x, jnp.asarray(value).astype(x.dtype), widths)
+
+
 # -- slicing -------------------------------------------------------------------
 
 
