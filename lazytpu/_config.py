@@ -73,8 +73,11 @@ SYNC_ON_OPTIMIZER_STEP = Flag("LAZYTPU_SYNC_ON_OPTIMIZER_STEP", True, _parse_boo
 MAX_PENDING_OPS = Flag("LAZYTPU_MAX_PENDING_OPS", 20000, _parse_int,
                        "Sync when this many ops are pending (bounds memory in loops that never sync).")
 
+CACHE_DIR = Flag("LAZYTPU_CACHE_DIR", None, lambda n, r: r,
+                 "Directory of the persistent compile cache (default ~/.cache/lazytpu; 'off' disables).")
+
 FLAGS: tuple[Flag, ...] = (CPU_FALLBACK, PLATFORM, EAGER_MODE, DEFER_AND_FUSE, SYNC_ON_OPTIMIZER_STEP,
-                           MAX_PENDING_OPS)
+                           MAX_PENDING_OPS, CACHE_DIR)
 
 
 def load_all() -> None:

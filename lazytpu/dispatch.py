@@ -364,15 +364,11 @@ def cpu_fallback(func, args, kwargs):
     lazies: list[LazyTensor] = []
 
     def to_cpu(x):
-        if type(x) is LazyTensor:
-            lazies.append(x)
-            return hostio.to_cpu(x, reason="cpu_fallback")
-        if isinstance(x, (list, tuple)):
-            return type(x)(to_cpu(y) for y in x)
-        return x
+        lazies.append(x)
+        return hostio.to_cpu(x, reason="cpu_fallback")
 
-    cargs = tuple(to_cpu(a) for a in args)
-    ckwargs = {k: to_cpu(v) for k, v in kwargs.items()}
+    cargs = tuple(_map_tensors(a, LazyTensor, to_cpu) for a in args)
+    ckwargs = {k: _map_tensors(v, LazyTensor, to_cpu) for k, v in kwargs.items()}
     if _is_tpu_device(ckwargs.get("device")):
         ckwargs["device"] = "cpu"
     index = _device_index(lazies) if lazies else (_kwarg_device_index(kwargs) or 0)
@@ -390,15 +386,21 @@ def cpu_fallback(func, args, kwargs):
                 written[id(host)] = lazy
 
     def back(x):
-        if isinstance(x, torch.Tensor):
-            if id(x) in written:
-                return written[id(x)]
-            return new_tensor(hostio.data_from_cpu(x, index), x.shape, contiguous_strides(x.shape), x.dtype, index)
-        if isinstance(x, (list, tuple)):
-            return type(x)(back(y) for y in x)
-        return x
+        if id(x) in written:
+            return written[id(x)]
+        return new_tensor(hostio.data_from_cpu(x, index), x.shape, contiguous_strides(x.shape), x.dtype, index)
 
-    return back(out)
+    return _map_tensors(out, torch.Tensor, back)
+
+
+def _map_tensors(x, kind, fn):
+    """``fn`` applied to every ``kind`` tensor in nested lists/tuples
+    (a module function: Note [No closure cycles])."""
+    if isinstance(x, kind):
+        return fn(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map_tensors(y, kind, fn) for y in x)
+    return x
 
 
 # -- foreach -------------------------------------------------------------------

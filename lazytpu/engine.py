@@ -116,6 +116,7 @@ class DeviceContext:
             roots = self.graph.roots()
             metrics.count("syncs", reason)
             if not roots:
+                self.graph.pending_ops = 0  # whatever was pending is dead
                 return ()
             program, inputs, distinct = build_program(roots)
             held = self.graph.held_buffers()

@@ -22,6 +22,8 @@ _COUNTERS = (
     "programs_executed",
     "cache_hits",
     "cache_misses",
+    "disk_cache_hits",
+    "disk_cache_misses",
     "bytes_to_device",
     "bytes_from_device",
 )

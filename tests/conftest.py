@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import tempfile
+
+# A private compile cache per test session (tests must not depend on what an
+# earlier run left on disk); set before lazytpu reads its flags.
+os.environ.setdefault("LAZYTPU_CACHE_DIR", tempfile.mkdtemp(prefix="lazytpu-test-cache-"))
 
 import hypothesis
 import pytest

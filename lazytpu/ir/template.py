@@ -26,36 +26,41 @@ class Template:
     kwargs: tuple  # sorted (name, value) pairs
 
 
+def _flatten_leaf(leaf, pick, values: list):
+    if isinstance(leaf, (list, tuple)):
+        return tuple(_flatten_leaf(x, pick, values) for x in leaf)
+    value = pick(leaf)
+    if value is None:
+        return leaf
+    values.append(value)
+    return Slot(len(values) - 1)
+
+
 def flatten(args: tuple, kwargs: dict, pick: Callable[[Any], Any]) -> tuple[Template, list]:
     """Split a call into a template and its values.
 
     ``pick(leaf)`` returns the value to put in a slot, or ``None`` to keep the
     leaf static.
+
+    Note [No closure cycles]: the walkers are module functions, not nested
+    recursive closures: a recursive closure is a reference cycle, and it
+    would keep the call's tensors alive until the garbage collector runs
+    (delaying frees and making buffer donation depend on GC timing).
     """
     values: list = []
-
-    def walk(leaf):
-        if isinstance(leaf, (list, tuple)):
-            return tuple(walk(x) for x in leaf)
-        value = pick(leaf)
-        if value is None:
-            return leaf
-        values.append(value)
-        return Slot(len(values) - 1)
-
-    t_args = tuple(walk(a) for a in args)
-    t_kwargs = tuple(sorted((k, walk(v)) for k, v in kwargs.items()))
+    t_args = tuple(_flatten_leaf(a, pick, values) for a in args)
+    t_kwargs = tuple(sorted((k, _flatten_leaf(v, pick, values)) for k, v in kwargs.items()))
     return Template(t_args, t_kwargs), values
+
+
+def _fill_leaf(leaf, values):
+    if type(leaf) is Slot:
+        return values[leaf.index]
+    if type(leaf) is tuple:
+        return tuple(_fill_leaf(x, values) for x in leaf)
+    return leaf
 
 
 def fill(template: Template, values) -> tuple[tuple, dict]:
     """Inverse of ``flatten``: the call's ``(args, kwargs)``."""
-
-    def walk(leaf):
-        if type(leaf) is Slot:
-            return values[leaf.index]
-        if type(leaf) is tuple:
-            return tuple(walk(x) for x in leaf)
-        return leaf
-
-    return tuple(walk(a) for a in template.args), {k: walk(v) for k, v in template.kwargs}
+    return tuple(_fill_leaf(a, values) for a in template.args), {k: _fill_leaf(v, values) for k, v in template.kwargs}

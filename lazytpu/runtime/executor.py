@@ -9,7 +9,8 @@ import warnings
 import jax
 from jax.sharding import SingleDeviceSharding
 
-from lazytpu import metrics
+from lazytpu import _caches, metrics
+from lazytpu.runtime import persistent
 from lazytpu.runtime.platform import device
 
 
@@ -29,6 +30,7 @@ class _ProgramCache:
 
 
 _CACHE = _ProgramCache()
+_caches.register("programs", _CACHE.clear)
 
 
 def _compile(key, fn, inputs, index: int, donate: tuple):
@@ -37,7 +39,8 @@ def _compile(key, fn, inputs, index: int, donate: tuple):
     with warnings.catch_warnings():
         # an input donated but not reusable by any output is simply freed
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        compiled = jax.jit(fn, out_shardings=sharding, donate_argnums=donate).lower(*inputs).compile()
+        lowered = jax.jit(fn, out_shardings=sharding, donate_argnums=donate).lower(*inputs)
+        compiled = persistent.load_or_compile(lowered, device(index))
     metrics.add("compile_seconds", time.perf_counter() - start)
     metrics.add("programs_compiled")
     return compiled
@@ -78,11 +81,17 @@ def execute(key, make_fn, inputs: list, *, index: int = 0, blocking: bool = Fals
 
 
 def cache_info() -> dict:
-    """Entries, hits and misses of the in-memory program cache."""
+    """The program caches: in-memory entries, hits and misses; disk entries
+    and bytes."""
+    disk_entries, disk_bytes = persistent.disk_usage()
     with _CACHE.lock:
-        return {"entries": len(_CACHE.entries), "hits": _CACHE.hits, "misses": _CACHE.misses}
+        return {"entries": len(_CACHE.entries), "hits": _CACHE.hits, "misses": _CACHE.misses,
+                "disk_entries": disk_entries, "bytes": disk_bytes}
 
 
-def clear_caches() -> None:
-    """Drop every compiled program held in memory."""
-    _CACHE.clear()
+def clear_caches(disk: bool = False) -> None:
+    """Clear every in-memory cache (compiled programs, meta-kernel memo, ...);
+    with ``disk=True`` also delete the persistent compile cache."""
+    _caches.clear_all()
+    if disk:
+        persistent.clear()
