@@ -12,11 +12,11 @@ or run one by one (strict mode); see ``torch.tpu.set_eager_mode``.
 
 from __future__ import annotations
 
-from lazytpu import _device, metrics
+from lazytpu import _device, debug, metrics, runtime
 from lazytpu.engine import EagerMode, sync_all
 from lazytpu.tensor import LazyTensor
 
-__all__ = ["EagerMode", "LazyTensor", "metrics", "sync"]
+__all__ = ["EagerMode", "LazyTensor", "debug", "metrics", "runtime", "sync"]
 __version__ = "0.1.0"
 
 

@@ -76,8 +76,14 @@ MAX_PENDING_OPS = Flag("LAZYTPU_MAX_PENDING_OPS", 20000, _parse_int,
 CACHE_DIR = Flag("LAZYTPU_CACHE_DIR", None, lambda n, r: r,
                  "Directory of the persistent compile cache (default ~/.cache/lazytpu; 'off' disables).")
 
+DEBUG = Flag("LAZYTPU_DEBUG", frozenset(), lambda n, r: frozenset(p.strip() for p in r.split(",") if p.strip()),
+             "Comma list: 'recompile' logs why each recompile happened to stderr; 'sources' records user "
+             "file:line per op.")
+DUMP_DIR = Flag("LAZYTPU_DUMP_DIR", None, lambda n, r: r,
+                "Write each compiled program's IR and StableHLO text here, named by its key.")
+
 FLAGS: tuple[Flag, ...] = (CPU_FALLBACK, PLATFORM, EAGER_MODE, DEFER_AND_FUSE, SYNC_ON_OPTIMIZER_STEP,
-                           MAX_PENDING_OPS, CACHE_DIR)
+                           MAX_PENDING_OPS, CACHE_DIR, DEBUG, DUMP_DIR)
 
 
 def load_all() -> None:

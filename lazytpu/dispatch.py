@@ -22,7 +22,7 @@ import warnings
 import torch
 from torch._decomp import decomposition_table
 
-from lazytpu import _caches, _config, hostio, metrics
+from lazytpu import _caches, _config, debug, hostio, metrics
 from lazytpu.engine import RNG_AVAL, context
 from lazytpu.aliasing import contiguous_strides, new_tensor, read, rebind_metadata, view_of, write, write_value
 from lazytpu.ir import Aval, Node, Output, Scalar
@@ -205,7 +205,7 @@ def record(func, args, kwargs, rule):
             template = type(template)(template.args + (Slot(len(inputs)),), template.kwargs)
             inputs.append(ctx.rng_value())
             out_avals = out_avals + (RNG_AVAL,)
-        node = Node(func, template, tuple(inputs), out_avals)
+        node = Node(func, template, tuple(inputs), out_avals, debug.source_line() if debug.wants_sources() else None)
         if rule.random:
             ctx.graph.rng = Output(node, len(out_avals) - 1)
         outs = [new_tensor(Output(node, i), m.shape, m.stride(), m.dtype, index) for i, m in enumerate(metas)]

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import torch
 
-from lazytpu import _config, metrics, runtime
+from lazytpu import _config, debug, metrics, runtime
 from lazytpu.fusion import build_program
 from lazytpu.ir import Aval, Data, Node, Output, PendingGraph
 from lazytpu.lowering import lower_program
@@ -128,6 +128,7 @@ class DeviceContext:
             outs = runtime.execute(
                 (program.key, donate), lambda: lower_program(program), inputs,
                 index=self.index, blocking=blocking, donate=donate,
+                on_compile=lambda lowered: debug.observe_compile(program, lowered),
             )
             self.graph.rebind({r: Data(buf, r.aval) for r, buf in zip(distinct, outs)})
             return outs

@@ -28,7 +28,7 @@ _COUNTERS = (
     "bytes_from_device",
 )
 _TIMERS = ("compile_seconds", "execute_seconds")
-_BY_KEY = ("syncs", "cpu_fallbacks")
+_BY_KEY = ("syncs", "cpu_fallbacks", "recompile_reasons")
 
 
 class _Metrics:

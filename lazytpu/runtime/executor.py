@@ -33,20 +33,25 @@ _CACHE = _ProgramCache()
 _caches.register("programs", _CACHE.clear)
 
 
-def _compile(key, fn, inputs, index: int, donate: tuple):
+# An input donated but not reusable by any output is simply freed: not news.
+warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+
+
+def _compile(key, fn, inputs, index: int, donate: tuple, on_compile):
     start = time.perf_counter()
     sharding = SingleDeviceSharding(device(index))
-    with warnings.catch_warnings():
-        # an input donated but not reusable by any output is simply freed
-        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        lowered = jax.jit(fn, out_shardings=sharding, donate_argnums=donate).lower(*inputs)
-        compiled = persistent.load_or_compile(lowered, device(index))
+    lowered = jax.jit(fn, out_shardings=sharding, donate_argnums=donate).lower(*inputs)
+    if on_compile is not None:
+        on_compile(lowered)
+    compiled = persistent.load_or_compile(lowered, device(index))
     metrics.add("compile_seconds", time.perf_counter() - start)
     metrics.add("programs_compiled")
     return compiled
 
 
-def execute(key, make_fn, inputs: list, *, index: int = 0, blocking: bool = False, donate: tuple = ()) -> tuple:
+def execute(
+    key, make_fn, inputs: list, *, index: int = 0, blocking: bool = False, donate: tuple = (), on_compile=None
+) -> tuple:
     """Run the program ``key`` on ``inputs``; compile it on a miss.
 
     Args:
@@ -57,11 +62,13 @@ def execute(key, make_fn, inputs: list, *, index: int = 0, blocking: bool = Fals
         blocking: wait for the results (strict-blocking mode).
         donate: positions of input buffers nothing needs after this program
             (Note [Donation]); part of ``key``.
+        on_compile: called with the ``jax.stages.Lowered`` on a cache miss
+            (recompile explanations, dumps).
     """
     compiled = _CACHE.entries.get(key)
     if compiled is None:
         metrics.add("cache_misses")
-        compiled = _compile(key, make_fn(), inputs, index, donate)
+        compiled = _compile(key, make_fn(), inputs, index, donate, on_compile)
         with _CACHE.lock:
             _CACHE.misses += 1
             _CACHE.entries[key] = compiled
@@ -70,9 +77,7 @@ def execute(key, make_fn, inputs: list, *, index: int = 0, blocking: bool = Fals
         with _CACHE.lock:
             _CACHE.hits += 1
     start = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        outputs = compiled(*inputs)
+    outputs = compiled(*inputs)
     if blocking:
         jax.block_until_ready(outputs)
     metrics.add("execute_seconds", time.perf_counter() - start)

@@ -1,0 +1,256 @@
+"""Why did it recompile? Pending-graph inspection, program dumps.
+
+    LAZYTPU_DEBUG=recompile python train.py     # explanations on stderr
+    lazytpu.debug.explain()                     # the same, as a list of str
+    lazytpu.debug.pending_graph(loss)           # IR text (or format="dot")
+    LAZYTPU_DUMP_DIR=/tmp/dump python train.py  # IR + StableHLO per compile
+
+User source lines (file:line of the code that recorded each op) are captured
+only when ``LAZYTPU_DEBUG`` contains ``recompile`` or ``sources``: a flag test
+per op when off.
+"""
+
+from __future__ import annotations
+
+import collections
+import difflib
+import hashlib
+import os
+import sys
+import threading
+from pathlib import Path
+
+from lazytpu import _caches, _config, metrics
+
+__all__ = ["explain", "pending_graph", "format_program", "clear"]
+
+_SOURCE_MODES = frozenset({"recompile", "sources"})
+_INTERNAL = (os.sep + "torch" + os.sep, os.sep + "lazytpu" + os.sep, os.sep + "jax" + os.sep)
+
+
+def wants_sources() -> bool:
+    return bool(_config.DEBUG.value & _SOURCE_MODES)
+
+
+def source_line() -> str | None:
+    """file:line of the innermost frame outside torch, jax and lazytpu."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not any(part in name for part in _INTERNAL) and not name.startswith("<frozen"):
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+# -- formatting ---------------------------------------------------------------
+
+
+def _ref(r) -> str:
+    return f"%in{r[1]}" if r[0] == "in" else f"%{r[0]}" + (f".{r[1]}" if r[1] else "")
+
+
+def _aval(a) -> str:
+    return f"{str(a.dtype).replace('torch.', '')}{list(a.shape)}"
+
+
+def _kind(k) -> str:
+    return _aval(k) if hasattr(k, "shape") else f"{k.__name__} scalar"
+
+
+def _static(spec) -> str:
+    from lazytpu.ir.template import Slot
+
+    def show(v):
+        if isinstance(v, Slot):
+            return "_"
+        if isinstance(v, tuple):
+            return "[" + ", ".join(show(x) for x in v) + "]"
+        return repr(v)
+
+    parts = [show(a) for a in spec.args] + [f"{k}={show(v)}" for k, v in spec.kwargs]
+    return ", ".join(parts)
+
+
+def format_program(program) -> str:
+    """Readable text of a fused program: one line per op."""
+    lines = [f"program: {len(program.ops)} ops, {len(program.input_kinds)} inputs"]
+    lines += [f"  %in{i}: {_kind(k)}" for i, k in enumerate(program.input_kinds)]
+    for j, op in enumerate(program.ops):
+        args = ", ".join(_ref(r) for r in op.inputs)
+        outs = ", ".join(_aval(a) for a in op.out_avals)
+        where = f"  # {op.source}" if op.source else ""
+        lines.append(f"  %{j} = {op.op}({args}) [{_static(op.spec)}] -> {outs}{where}")
+    lines.append("  return " + ", ".join(_ref(r) for r in program.outputs))
+    return "\n".join(lines)
+
+
+def _dot(program) -> str:
+    lines = ["digraph lazytpu {", "  rankdir=TB;", '  node [shape=box, fontname="monospace"];']
+    for i, k in enumerate(program.input_kinds):
+        lines.append(f'  in{i} [label="in{i}\\n{_kind(k)}", shape=ellipse];')
+    for j, op in enumerate(program.ops):
+        label = f"%{j} {op.op}\\n" + ", ".join(_aval(a) for a in op.out_avals)
+        if op.source:
+            label += "\\n" + os.path.basename(op.source)
+        lines.append(f'  n{j} [label="{label}"];')
+        for r in op.inputs:
+            src = f"in{r[1]}" if r[0] == "in" else f"n{r[0]}"
+            lines.append(f"  {src} -> n{j};")
+    for r in program.outputs:
+        lines.append(f"  n{r[0]} [penwidth=2];")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def pending_graph(*tensors, format: str = "text") -> str:
+    """The pending IR that a sync would run now, as text or Graphviz DOT.
+
+    Args:
+        *tensors: restrict to what these tensors need (default: every live
+            pending tensor on device 0).
+        format: ``"text"`` or ``"dot"``.
+    """
+    from lazytpu.aliasing import read
+    from lazytpu.engine import context
+    from lazytpu.fusion import build_program
+    from lazytpu.ir import Output
+
+    if tensors:
+        roots = [v for v in (read(t) for t in tensors) if isinstance(v, Output)]
+    else:
+        roots = context(0).graph.roots()
+    if not roots:
+        return "(nothing pending)" if format == "text" else "digraph lazytpu {}"
+    program, _, _ = build_program(roots)
+    if format == "dot":
+        return _dot(program)
+    if format != "text":
+        raise ValueError(f"format must be 'text' or 'dot', not {format!r}")
+    return format_program(program)
+
+
+# -- recompile explanations -----------------------------------------------------
+
+
+class _History:
+    """Programs compiled so far (bounded) and the explanations of recompiles."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.programs: collections.deque = collections.deque(maxlen=256)
+        self.explanations: list[str] = []
+        self.count = 0
+
+    def clear(self) -> None:
+        with self.lock:
+            self.programs.clear()
+            self.explanations.clear()
+            self.count = 0
+
+
+_HISTORY = _History()
+_SHOWN = 4
+_caches.register("recompile_history", _HISTORY.clear)
+
+
+def _signature(program) -> tuple:
+    return tuple(str(op.op) for op in program.ops)
+
+
+def _first_use(program, slot: int) -> str:
+    for j, op in enumerate(program.ops):
+        if ("in", slot) in op.inputs:
+            where = f" at {op.source}" if op.source else ""
+            return f"first used by %{j} {op.op}{where}"
+    return "unused"
+
+
+def _differences(old, new) -> list[tuple[str, str]]:
+    """(reason, detail) pairs explaining how ``new`` differs from ``old``."""
+    out = []
+    if _signature(old) == _signature(new):
+        if len(old.input_kinds) != len(new.input_kinds):
+            out.append(("inputs differ", f"{len(old.input_kinds)} -> {len(new.input_kinds)} inputs "
+                        "(which tensors are the same buffer changed)"))
+        for i, (a, b) in enumerate(zip(old.input_kinds, new.input_kinds)):
+            if a != b:
+                what = ("shape" if getattr(a, "dtype", None) == getattr(b, "dtype", None) else "dtype")
+                out.append((f"input {what} changed", f"input %in{i} ({_first_use(new, i)}): {_kind(a)} -> {_kind(b)}"))
+        for j, (a, b) in enumerate(zip(old.ops, new.ops)):
+            if a.spec != b.spec:
+                where = f" at {b.source}" if b.source else ""
+                out.append(("static argument changed",
+                            f"%{j} {b.op}{where}: [{_static(a.spec)}] -> [{_static(b.spec)}]"))
+            elif a.inputs != b.inputs:
+                out.append(("operands changed", f"%{j} {b.op}: ({', '.join(map(_ref, a.inputs))}) -> "
+                            f"({', '.join(map(_ref, b.inputs))})"))
+        if not out and old.outputs != new.outputs:
+            out.append(("outputs changed", "a different set of live tensors was materialized"))
+        return out
+    matcher = difflib.SequenceMatcher(a=_signature(old), b=_signature(new), autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        where = next((f" at {op.source}" for op in new.ops[j1:j2] if op.source), "")
+        olds = ", ".join(str(op.op) for op in old.ops[i1:i2]) or "nothing"
+        news = ", ".join(str(op.op) for op in new.ops[j1:j2]) or "nothing"
+        out.append(("ops differ", f"ops %{j1}..%{max(j1, j2 - 1)}: {olds} -> {news}{where}"))
+        if len(out) >= 5:
+            break
+    return out
+
+
+def observe_compile(program, lowered) -> None:
+    """Called by the engine for each program it compiles (a cache miss)."""
+    dump_dir = _config.DUMP_DIR.get()
+    if dump_dir:
+        _dump(Path(dump_dir), program, lowered)
+    with _HISTORY.lock:
+        _HISTORY.count += 1
+        number = _HISTORY.count
+        best, best_score = None, 0.0
+        sig = _signature(program)
+        for n, old in reversed(_HISTORY.programs):
+            score = difflib.SequenceMatcher(a=_signature(old), b=sig, autojunk=False).quick_ratio()
+            if score > best_score:
+                best, best_score = (n, old), score
+            if score == 1.0:
+                break
+        _HISTORY.programs.append((number, program))
+    if best is None or best_score < 0.5:
+        return
+    n, old = best
+    diffs = _differences(old, program)
+    if not diffs:
+        return
+    for reason in dict.fromkeys(reason for reason, _ in diffs):
+        metrics.count("recompile_reasons", reason)
+    shown = [f"  - {reason}: {detail}" for reason, detail in diffs[:_SHOWN]]
+    if len(diffs) > _SHOWN:
+        shown.append(f"  ... and {len(diffs) - _SHOWN} more differences (mostly consequences of the first)")
+    text = (f"lazytpu: compiling program #{number} ({len(program.ops)} ops); closest earlier program is #{n} "
+            f"({len(old.ops)} ops):\n" + "\n".join(shown))
+    with _HISTORY.lock:
+        _HISTORY.explanations.append(text)
+    if "recompile" in _config.DEBUG.value:
+        print(text, file=sys.stderr)
+
+
+def explain() -> list[str]:
+    """Explanations of every recompile so far (most recent last)."""
+    with _HISTORY.lock:
+        return list(_HISTORY.explanations)
+
+
+def clear() -> None:
+    """Forget compiled-program history and explanations."""
+    _HISTORY.clear()
+
+
+def _dump(root: Path, program, lowered) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    text = lowered.as_text()
+    name = hashlib.sha256(text.encode()).hexdigest()[:16]
+    (root / f"{name}.ir.txt").write_text(format_program(program) + "\n")
+    (root / f"{name}.stablehlo.mlir").write_text(text)
