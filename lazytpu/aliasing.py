@@ -15,7 +15,7 @@ from lazytpu.engine import context
 from lazytpu.ir import Aval, Node, Output, Storage
 from lazytpu.ir.template import Slot, Template
 from lazytpu.lowering.views import VIEW_READ, VIEW_WRITE
-from lazytpu.tensor import LazyTensor
+from lazytpu.tensor import LazyTensor, TensorDesc, describe
 
 
 def contiguous_strides(shape) -> tuple[int, ...]:
@@ -28,12 +28,21 @@ def contiguous_strides(shape) -> tuple[int, ...]:
 
 def new_tensor(value, shape, stride, dtype, index: int) -> LazyTensor:
     """A tensor owning a fresh storage that holds ``value``."""
-    return LazyTensor(Storage(value, context(index).graph, stride), shape, stride, dtype, index)
+    numel = 1
+    for d in shape:
+        numel *= d
+    return new_tensor_of(value, describe(shape, stride, 0, numel, dtype), index)
+
+
+def new_tensor_of(value, desc: TensorDesc, index: int) -> LazyTensor:
+    """A tensor of ``desc`` (a base layout) owning a fresh storage of ``value``."""
+    return LazyTensor(Storage(value, context(index).graph, desc.stride), desc, index, True)
 
 
 def view_of(base: LazyTensor, shape, stride, offset: int) -> LazyTensor:
     """A new tensor sharing ``base``'s storage through another window."""
-    return LazyTensor(base._lt_storage, shape, stride, base.dtype, base.device.index or 0, offset)
+    desc = describe(shape, stride, offset, base._lt_desc.storage_numel, base.dtype)
+    return LazyTensor(base._lt_storage, desc, base.device.index or 0)
 
 
 def _window_kwargs(t: LazyTensor) -> tuple:
@@ -93,5 +102,6 @@ def rebind_metadata(t: LazyTensor, fresh: LazyTensor) -> None:
     with torch.no_grad():
         t.data = fresh
     t._lt_storage = fresh._lt_storage
+    t._lt_desc = fresh._lt_desc
     t._lt_window = fresh._lt_window
     t._lt_cache = None

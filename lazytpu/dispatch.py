@@ -24,11 +24,20 @@ from torch._decomp import decomposition_table
 
 from lazytpu import _caches, _config, debug, hostio, metrics
 from lazytpu.engine import RNG_AVAL, context
-from lazytpu.aliasing import contiguous_strides, new_tensor, read, rebind_metadata, view_of, write, write_value
-from lazytpu.ir import Aval, Node, Output, Scalar
-from lazytpu.ir.template import Slot, fill, flatten
+from lazytpu.aliasing import (
+    contiguous_strides,
+    new_tensor,
+    new_tensor_of,
+    read,
+    rebind_metadata,
+    view_of,
+    write,
+    write_value,
+)
+from lazytpu.ir import Node, Output, Scalar
+from lazytpu.ir.template import Slot, Template, fill, flatten
 from lazytpu.lowering import get_rule
-from lazytpu.tensor import LazyTensor, set_dispatcher
+from lazytpu.tensor import LazyTensor, describe, set_dispatcher
 
 aten = torch.ops.aten
 
@@ -65,7 +74,7 @@ def _describe(v):
     if type(v) is Scalar:
         return v.kind
     if type(v) is LazyTensor:
-        return (v.shape, v.stride(), v.storage_offset(), v._lt_storage.numel, v.dtype)
+        return v._lt_desc
     return ("cpu", v.shape, v.stride(), v.dtype)
 
 
@@ -111,7 +120,7 @@ def _run_on(func, template, values, device: str):
         if type(v) is Scalar:
             return v.value
         if type(v) is LazyTensor:  # same window on a storage of the same size
-            storage = torch.empty(v._lt_storage.numel, dtype=v.dtype, device=device)
+            storage = torch.empty(v._lt_desc.storage_numel, dtype=v.dtype, device=device)
             return storage.as_strided(v.shape, v.stride(), v.storage_offset())
         return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device)
 
@@ -177,7 +186,7 @@ def _input_value(v, index: int):
 def _device_index(values) -> int:
     for v in values:
         if type(v) is LazyTensor:
-            return v.device.index or 0
+            return v._lt_index
     return 0
 
 
@@ -188,33 +197,133 @@ def _kwarg_device_index(kwargs) -> int | None:
     return torch.device(d).index or 0
 
 
+class _Plan:
+    """What recording one call signature needs, computed once (Note [Plans]).
+
+    Note [Plans]: a call's signature is the op, the interned descriptions of
+    its tensor arguments, the kinds of its lifted scalars and its static
+    arguments. The first call of a signature runs torch's meta kernel and
+    builds the plan; every later call is one dict lookup, then a node.
+    """
+
+    __slots__ = ("template", "descs", "out_avals", "static", "random", "layout", "container", "device_index")
+
+    def __init__(self, func, template, meta_out, rule, device_index) -> None:
+        metas = [meta_out] if isinstance(meta_out, torch.Tensor) else list(meta_out)
+        tensors = [m for m in metas if isinstance(m, torch.Tensor)]
+        self.descs = tuple(describe(m.shape, m.stride(), 0, m.numel(), m.dtype) for m in tensors)
+        out_avals = tuple(d.aval for d in self.descs)
+        self.random = rule.random
+        if rule.random:  # Note [Random state]: the PRNG key is the last input and output
+            n_slots = _count_slots(template)
+            template = Template(template.args + (Slot(n_slots),), template.kwargs)
+            out_avals = out_avals + (RNG_AVAL,)
+        self.template = template
+        self.out_avals = out_avals
+        self.static = (func, template, out_avals)
+        self.device_index = device_index
+        if isinstance(meta_out, torch.Tensor):
+            self.layout, self.container = None, None
+        else:
+            it = iter(range(len(tensors)))
+            self.layout = tuple(next(it) if isinstance(m, torch.Tensor) else ("const", m) for m in metas)
+            self.container = tuple if isinstance(meta_out, tuple) else list
+
+    def pack(self, outs):
+        if self.layout is None:
+            return outs[0]
+        return self.container(outs[e] if type(e) is int else e[1] for e in self.layout)
+
+
+def _count_slots(leaf) -> int:
+    if type(leaf) is Slot:
+        return 1
+    if type(leaf) is Template:
+        return sum(_count_slots(a) for a in leaf.args) + sum(_count_slots(v) for _, v in leaf.kwargs)
+    if type(leaf) is tuple:
+        return sum(_count_slots(x) for x in leaf)
+    return 0
+
+
+_PLANS: dict = {}
+_caches.register("record_plans", _PLANS.clear)
+
+
+def _key_leaf(a, values: list):
+    t = type(a)
+    if t is LazyTensor:
+        values.append(a)
+        return a._lt_desc
+    if t is list or t is tuple:
+        return tuple(_key_leaf(x, values) for x in a)
+    if isinstance(a, torch.Tensor):
+        _pick(a)  # torch's error for a non-scalar tensor of another device
+        values.append(a)
+        return ("cpu", a.dtype, a.dim())
+    return a
+
+
+def _signature(func, args, kwargs) -> tuple[tuple, list]:
+    """The call's plan key and its values (tensors and lifted scalars), in
+    the order ``flatten`` puts them in."""
+    pos, names = _liftable(func)
+    values: list = []
+    parts: list = [func]
+    for i, a in enumerate(args):
+        t = type(a)
+        if t is LazyTensor:
+            values.append(a)
+            parts.append(a._lt_desc)
+        elif (t is float or t is complex) and i in pos:
+            values.append(Scalar(a))
+            parts.append(t)
+        else:
+            parts.append(_key_leaf(a, values))
+    if kwargs:
+        for k in sorted(kwargs):
+            a = kwargs[k]
+            t = type(a)
+            if (t is float or t is complex) and k in names:
+                values.append(Scalar(a))
+                parts.append((k, t))
+            else:
+                parts.append((k, _key_leaf(a, values)))
+    return tuple(parts), values
+
+
 def record(func, args, kwargs, rule):
     """Record ``func`` as one node; return LazyTensors of its pending outputs."""
-    args, kwargs = _lift(func, args, kwargs)
-    template, values = flatten(args, kwargs, _pick)
-    meta_out = infer_meta(func, template, values)
-    index = _kwarg_device_index(kwargs)
+    key, values = _signature(func, args, kwargs)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _make_plan(func, args, kwargs, rule, values)
+        _PLANS[key] = plan
+    index = plan.device_index
     if index is None:
         index = _device_index(values)
     ctx = context(index)
-    metas = [meta_out] if isinstance(meta_out, torch.Tensor) else [m for m in meta_out if isinstance(m, torch.Tensor)]
-    out_avals = tuple(Aval(tuple(m.shape), m.dtype) for m in metas)
     with ctx.graph.lock:
-        inputs = [_input_value(v, index) for v in values]
-        if rule.random:
-            template = type(template)(template.args + (Slot(len(inputs)),), template.kwargs)
+        inputs = [
+            (v._lt_storage.value if v._lt_window is None else read(v)) if type(v) is LazyTensor
+            else _input_value(v, index)
+            for v in values
+        ]
+        if plan.random:
             inputs.append(ctx.rng_value())
-            out_avals = out_avals + (RNG_AVAL,)
-        node = Node(func, template, tuple(inputs), out_avals, debug.source_line() if debug.wants_sources() else None)
-        if rule.random:
-            ctx.graph.rng = Output(node, len(out_avals) - 1)
-        outs = [new_tensor(Output(node, i), m.shape, m.stride(), m.dtype, index) for i, m in enumerate(metas)]
+        source = debug.source_line() if debug.wants_sources() else None
+        node = Node(func, plan.template, tuple(inputs), plan.out_avals, source, plan.static)
+        if plan.random:
+            ctx.graph.rng = Output(node, len(plan.out_avals) - 1)
+        outs = [new_tensor_of(Output(node, i), d, index) for i, d in enumerate(plan.descs)]
         ctx.recorded(node)
-    if isinstance(meta_out, torch.Tensor):
-        return outs[0]
-    it = iter(outs)
-    result = [next(it) if isinstance(m, torch.Tensor) else m for m in meta_out]
-    return tuple(result) if isinstance(meta_out, tuple) else result
+    return plan.pack(outs)
+
+
+def _make_plan(func, args, kwargs, rule, values) -> _Plan:
+    args, kwargs = _lift(func, args, kwargs)
+    template, flat_values = flatten(args, kwargs, _pick)
+    meta_out = infer_meta(func, template, flat_values)
+    return _Plan(func, template, meta_out, rule, _kwarg_device_index(kwargs))
 
 
 # -- views ---------------------------------------------------------------------

@@ -26,22 +26,60 @@ def tpu_device(index: int = 0) -> torch.device:
     return dev
 
 
+class TensorDesc:
+    """What torch knows of a tensor besides its data: size, strides, offset,
+    dtype, and the element count of its storage.
+
+    Interned (``describe``): equal descriptions are the same object, so they
+    hash and compare by identity — the meta-kernel memo key of a call is a
+    tuple of these, cheap to build and to look up.
+    """
+
+    __slots__ = ("shape", "stride", "offset", "storage_numel", "dtype", "aval", "__weakref__")
+
+    def __init__(self, shape, stride, offset, storage_numel, dtype, aval) -> None:
+        self.shape, self.stride, self.offset = shape, stride, offset
+        self.storage_numel, self.dtype, self.aval = storage_numel, dtype, aval
+
+    def __repr__(self) -> str:
+        return f"TensorDesc({list(self.shape)}, stride={self.stride}, offset={self.offset}, {self.dtype})"
+
+
+_DESCS: dict[tuple, TensorDesc] = {}
+
+
+def describe(shape, stride, offset: int, storage_numel: int, dtype: torch.dtype) -> TensorDesc:
+    """The interned ``TensorDesc`` of these properties."""
+    key = (tuple(shape), tuple(stride), offset, storage_numel, dtype)
+    desc = _DESCS.get(key)
+    if desc is None:
+        from lazytpu.ir import Aval
+
+        desc = _DESCS[key] = TensorDesc(key[0], key[1], offset, storage_numel, dtype, Aval(key[0], dtype))
+    return desc
+
+
 class LazyTensor(torch.Tensor):
     """A tensor on the ``tpu`` device whose value may still be pending."""
 
     _lt_storage: object  # the shared Storage (Note [Storage])
+    _lt_desc: TensorDesc
+    _lt_index: int  # device index
     _lt_window: tuple | None  # (size, stride, offset) when not the storage's base layout
     _lt_cache: tuple | None  # (storage value, value read through the window)
 
     @staticmethod
-    def __new__(cls, storage, shape, stride, dtype, index: int = 0, offset: int = 0):
+    def __new__(cls, storage, desc: TensorDesc, index: int = 0, is_base: bool | None = None):
         t = torch.Tensor._make_wrapper_subclass(
-            cls, shape, strides=stride, dtype=dtype, device=tpu_device(index), storage_offset=offset
+            cls, desc.shape, strides=desc.stride, dtype=desc.dtype, device=tpu_device(index),
+            storage_offset=desc.offset,
         )
         t._lt_storage = storage
-        shape, stride = tuple(shape), tuple(stride)
-        is_base = offset == 0 and stride == storage.stride and shape == storage.value.aval.shape
-        t._lt_window = None if is_base else (shape, stride, offset)
+        t._lt_desc = desc
+        t._lt_index = index
+        if is_base is None:
+            is_base = desc.offset == 0 and desc.stride == storage.stride and desc.shape == storage.value.aval.shape
+        t._lt_window = None if is_base else (desc.shape, desc.stride, desc.offset)
         t._lt_cache = None
         return t
 

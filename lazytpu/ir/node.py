@@ -56,18 +56,23 @@ class Scalar:
 
 @attrs.frozen(slots=True, eq=False)
 class Node:
-    """One recorded op. Equality is identity; ``sig`` is the structure."""
+    """One recorded op. Equality is identity.
+
+    ``static`` is the op's structure without its inputs (op, template, output
+    avals): one tuple shared by every node recorded from the same call
+    signature, so program keys compare it by identity first.
+    """
 
     op: Any
     spec: Any  # lowering-stage call template (hashable)
     inputs: tuple[Any, ...]  # Output | Data | Scalar
     out_avals: tuple[Aval, ...]
     source: str | None = None  # user file:line, when debugging asks for it
-    sig: tuple = attrs.field(init=False)
+    static: tuple | None = None
 
-    def __attrs_post_init__(self) -> None:
-        kinds = tuple(_input_kind(v) for v in self.inputs)
-        object.__setattr__(self, "sig", (self.op, self.spec, kinds, self.out_avals))
+    @property
+    def sig(self) -> tuple:
+        return self.static if self.static is not None else (self.op, self.spec, self.out_avals)
 
 
 @attrs.frozen(slots=True)
@@ -84,8 +89,3 @@ class Output:
 
 Value = Union[Output, Data, Scalar]
 
-
-def _input_kind(value: Value) -> Any:
-    if isinstance(value, Scalar):
-        return value.kind
-    return value.aval if isinstance(value, Data) else None

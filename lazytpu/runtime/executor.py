@@ -43,7 +43,8 @@ def _compile(key, fn, inputs, index: int, donate: tuple, on_compile):
     lowered = jax.jit(fn, out_shardings=sharding, donate_argnums=donate).lower(*inputs)
     if on_compile is not None:
         on_compile(lowered)
-    compiled = persistent.load_or_compile(lowered, device(index))
+    signature = repr((jax.tree_util.tree_structure(inputs), [jax.typeof(x) for x in inputs], donate))
+    compiled = persistent.load_or_compile(lowered, device(index), signature)
     metrics.add("compile_seconds", time.perf_counter() - start)
     metrics.add("programs_compiled")
     return compiled

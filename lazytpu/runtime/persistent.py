@@ -51,9 +51,9 @@ def _ensure_dir(path: Path) -> bool:
     return True
 
 
-def _entry_key(text: str, device) -> str:
+def _entry_key(text: str, device, signature: str) -> str:
     h = hashlib.sha256()
-    for part in (jax.__version__, device.platform, device.device_kind, text):
+    for part in (jax.__version__, device.platform, device.device_kind, signature, text):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
@@ -98,12 +98,16 @@ def _store(path: Path, key: str, compiled) -> None:
         Path(tmp).unlink(missing_ok=True)
 
 
-def load_or_compile(lowered, device):
-    """``lowered.compile()``, through the disk cache when it is enabled."""
+def load_or_compile(lowered, device, signature: str):
+    """``lowered.compile()``, through the disk cache when it is enabled.
+
+    ``signature`` describes the call (input avals, donation): the StableHLO
+    text alone does not, since jit prunes unused inputs from it.
+    """
     root = cache_dir()
     if root is None or not _ensure_dir(root):
         return lowered.compile()
-    key = _entry_key(lowered.as_text(), device)
+    key = _entry_key(lowered.as_text(), device, signature)
     path = root / key
     compiled = _load(path, key)
     if compiled is not None:
