@@ -13,18 +13,12 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from lazytpu.lowering.reduction import axes
+from lazytpu.lowering.reduction import axes, count, upcast
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
 
 _NONE, _MEAN, _SUM = 0, 1, 2
-_HALF = (jnp.float16, jnp.bfloat16)
-
-
-def _upcast(x):
-    """Halves compute in float32, as torch's CPU kernels do."""
-    return x.astype(jnp.float32) if x.dtype in _HALF else x
 
 
 def _reduce(loss, reduction: int):
@@ -39,44 +33,39 @@ def _reduce(loss, reduction: int):
 def _reduce_grad(grad, shape, reduction: int):
     """The gradient flowing into each element of an unreduced loss of ``shape``."""
     grad = jnp.broadcast_to(grad, shape)
-    if reduction == _MEAN:
-        n = 1
-        for s in shape:
-            n *= s
-        return grad / n
-    return grad
+    return grad / count(grad, range(grad.ndim)) if reduction == _MEAN else grad
 
 
 # -- softmax -------------------------------------------------------------------
 
 
 def _softmax_axis(x, dim):
-    """A 0-d input softmaxes over a size-1 axis; returns (2-d-safe input, axis)."""
+    """A 0-d input softmaxes over a size-1 axis; returns (an at-least-1-d input, its axis)."""
     return (x.reshape(1), 0) if x.ndim == 0 else (x, dim % x.ndim)
 
 
 @lowering(aten._softmax.default)
 def softmax(x, dim, half_to_float):
-    y, axis = _softmax_axis(_upcast(x), dim)
+    y, axis = _softmax_axis(upcast(x), dim)
     return jax.nn.softmax(y, axis=axis).reshape(x.shape)
 
 
 @lowering(aten._log_softmax.default)
 def log_softmax(x, dim, half_to_float):
-    y, axis = _softmax_axis(_upcast(x), dim)
+    y, axis = _softmax_axis(upcast(x), dim)
     return jax.nn.log_softmax(y, axis=axis).reshape(x.shape)
 
 
 @lowering(aten._softmax_backward_data.default)
 def softmax_backward(grad_output, output, dim, input_dtype):
-    g, y = _upcast(grad_output), _upcast(output)
+    g, y = upcast(grad_output), upcast(output)
     ax = axes(g, [dim])
     return y * (g - jnp.sum(g * y, axis=ax, keepdims=True))
 
 
 @lowering(aten._log_softmax_backward_data.default)
 def log_softmax_backward(grad_output, output, dim, input_dtype):
-    g, y = _upcast(grad_output), _upcast(output)
+    g, y = upcast(grad_output), upcast(output)
     ax = axes(g, [dim])
     return g - jnp.exp(y) * jnp.sum(g, axis=ax, keepdims=True)
 
@@ -85,7 +74,7 @@ def log_softmax_backward(grad_output, output, dim, input_dtype):
 
 
 def _nll_parts(x, target, weight, ignore_index):
-    """Per-element (picked log-prob, weight) for nll_loss/nll_loss2d.
+    """Per-element (picked log-prob, weight, kept, safe target, class axis) for nll_loss/nll_loss2d.
 
     The class dim is 1 (0 for an unbatched ``(C,)`` input); ignored targets get
     weight 0 and a safe in-range index.
@@ -96,12 +85,12 @@ def _nll_parts(x, target, weight, ignore_index):
     w = jnp.ones(target.shape, x.dtype) if weight is None else weight[safe].astype(x.dtype)
     w = jnp.where(keep, w, 0)
     picked = jnp.take_along_axis(x, jnp.expand_dims(safe, class_axis), axis=class_axis)
-    return jnp.squeeze(picked, class_axis), w, safe, class_axis
+    return jnp.squeeze(picked, class_axis), w, keep, safe, class_axis
 
 
 @lowering(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
 def nll_loss(x, target, weight, reduction, ignore_index):
-    picked, w, _, _ = _nll_parts(x, target, weight, ignore_index)
+    picked, w, _, _, _ = _nll_parts(x, target, weight, ignore_index)
     loss = -picked * w
     total_weight = jnp.sum(w)
     if reduction == _NONE:
@@ -112,11 +101,13 @@ def nll_loss(x, target, weight, reduction, ignore_index):
 
 @lowering(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
 def nll_loss_backward(grad_output, x, target, weight, reduction, ignore_index, total_weight):
-    _, w, safe, class_axis = _nll_parts(x, target, weight, ignore_index)
+    _, w, keep, safe, class_axis = _nll_parts(x, target, weight, ignore_index)
     scale = grad_output / total_weight if reduction == _MEAN else grad_output
-    picked_grad = -w * scale  # broadcasts: grad_output is per element for reduction none
-    onehot = jax.nn.one_hot(safe, x.shape[class_axis], dtype=x.dtype, axis=class_axis)
-    return onehot * jnp.expand_dims(picked_grad, class_axis)
+    # Ignored targets get exactly 0, even where the scale is nan (all ignored).
+    picked_grad = jnp.where(keep, -w * scale, 0)
+    classes = jnp.arange(x.shape[class_axis]).reshape((-1,) + (1,) * (x.ndim - class_axis - 1))
+    hit = jnp.expand_dims(safe, class_axis) == classes
+    return jnp.where(hit, jnp.expand_dims(picked_grad, class_axis), 0)
 
 
 # -- regression and binary losses ----------------------------------------------
@@ -173,7 +164,7 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
 @lowering(aten.embedding_dense_backward.default)
 def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
     flat = indices.reshape(-1)
-    grad = _upcast(grad_output).reshape(flat.shape[0], -1)
+    grad = upcast(grad_output).reshape(flat.shape[0], grad_output.shape[-1])
     if padding_idx >= 0:
         grad = jnp.where((flat == padding_idx)[:, None], 0, grad)
     if scale_grad_by_freq:
@@ -192,7 +183,7 @@ def _norm_axes(x, normalized_shape) -> tuple[int, ...]:
 @lowering(aten.native_layer_norm.default)
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
     ax = _norm_axes(x, normalized_shape)
-    x = _upcast(x)
+    x = upcast(x)
     mu = jnp.mean(x, axis=ax, keepdims=True)
     var = jnp.mean(jnp.square(x - mu), axis=ax, keepdims=True)
     rstd = jax.lax.rsqrt(var + eps)
@@ -208,8 +199,8 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
 def native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask):
     ax = _norm_axes(x, normalized_shape)
     batch_ax = tuple(range(x.ndim - len(normalized_shape)))
-    g_out = _upcast(grad_out)
-    xhat = (_upcast(x) - mean) * rstd
+    g_out = upcast(grad_out)
+    xhat = (upcast(x) - mean) * rstd
     g = g_out if weight is None else g_out * weight
     results = []
     if output_mask[0]:

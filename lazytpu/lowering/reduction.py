@@ -45,6 +45,11 @@ def acc_dtype(x, dtype=None, *, ints_to_int64: bool = True):
     return jnp.float32 if target in _HALF else target
 
 
+def upcast(x):
+    """Halves compute in float32, as torch's CPU kernels do."""
+    return x.astype(jnp.float32) if x.dtype in _HALF else x
+
+
 def count(x, ax) -> int:
     n = 1
     for a in ax:
@@ -139,7 +144,7 @@ def min_dim(x, dim, keepdim=False):
 def _var_mean(x, dim, correction, keepdim):
     """Variance (``correction`` may be a traced scalar) and mean, in the accumulation dtype."""
     ax = axes(x, dim)
-    x = x.astype(jnp.float32 if x.dtype in _HALF else x.dtype)
+    x = upcast(x)
     n = count(x, ax)
     mu = jnp.sum(x, axis=ax, keepdims=True) / n
     centered = x - mu
