@@ -247,6 +247,9 @@ def _count_slots(leaf) -> int:
 
 _PLANS: dict = {}
 _caches.register("record_plans", _PLANS.clear)
+# ops known to resolve straight to a recorded rule (not handlers, not views)
+_RECORDED: dict = {}
+_caches.register("recorded_ops", _RECORDED.clear)
 
 
 def _key_leaf(a, values: list):
@@ -573,6 +576,12 @@ def run_foreach(func, args, kwargs):
 
 def dispatch(func, args, kwargs):
     """Resolve one op (Note [Resolution order])."""
+    rule = _RECORDED.get(func)
+    if rule is not None:  # the common case first: one dict lookup
+        try:
+            return record(func, args, kwargs, rule)
+        except MetaUnavailable:
+            return cpu_fallback(func, args, kwargs)
     handler = _HANDLERS.get(func)
     if handler is not None:
         return handler(func, args, kwargs)
@@ -585,6 +594,8 @@ def dispatch(func, args, kwargs):
         return run_inplace_view(func, args, kwargs)
     rule = get_rule(func)
     if rule is not None:
+        if not kind and func not in _HANDLERS:
+            _RECORDED[func] = rule
         try:
             return record(func, args, kwargs, rule)
         except MetaUnavailable:

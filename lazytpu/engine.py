@@ -69,6 +69,13 @@ class DeviceContext:
         self.index = index
         self.graph = PendingGraph()
         self.seed = DEFAULT_SEED
+        self.unfolded_ops = 0
+
+    def fold_metrics(self) -> None:
+        with self.graph.lock:
+            if self.unfolded_ops:
+                metrics.add("ops_recorded", self.unfolded_ops)
+                self.unfolded_ops = 0
 
     # -- random state ---------------------------------------------------
     def manual_seed(self, seed: int) -> None:
@@ -97,9 +104,13 @@ class DeviceContext:
 
     # -- record / flush -------------------------------------------------
     def recorded(self, node: Node) -> None:
-        """Called after a node is recorded: strict mode flushes here."""
-        metrics.add("ops_recorded")
+        """Called after a node is recorded: strict mode flushes here.
+
+        ``ops_recorded`` is counted here without the metrics lock (we hold the
+        graph's) and folded into the metrics at each flush and snapshot.
+        """
         self.graph.pending_ops += 1
+        self.unfolded_ops += 1
         if MODE.current is not EagerMode.DEFER_AND_FUSE:
             self.flush("strict")
         elif self.graph.pending_ops >= _config.MAX_PENDING_OPS.get():
@@ -113,6 +124,7 @@ class DeviceContext:
             asynchronous), or ``()`` when nothing was pending.
         """
         with self.graph.lock:
+            self.fold_metrics()
             roots = self.graph.roots()
             metrics.count("syncs", reason)
             if not roots:
@@ -168,6 +180,14 @@ def context(index: int = 0) -> DeviceContext:
         with _CONTEXTS_LOCK:
             ctx = _CONTEXTS.setdefault(index, DeviceContext(index))
     return ctx
+
+
+def _fold_all() -> None:
+    for ctx in list(_CONTEXTS.values()):
+        ctx.fold_metrics()
+
+
+metrics.register_folder(_fold_all)
 
 
 def sync_all(reason: str) -> None:

@@ -57,6 +57,13 @@ class _Metrics:
 _METRICS = _Metrics()
 add = _METRICS.add
 count = _METRICS.count
+_FOLDERS: list = []
+
+
+def register_folder(fold) -> None:
+    """``fold()`` adds counts kept elsewhere (per-op counters kept without
+    this lock) into the metrics; snapshot and reset call it first."""
+    _FOLDERS.append(fold)
 
 
 def snapshot() -> dict[str, Any]:
@@ -68,6 +75,8 @@ def snapshot() -> dict[str, Any]:
         ``cache_misses``, ``cpu_fallbacks`` (a dict by op), ``compile_seconds``,
         ``execute_seconds``, ``bytes_to_device`` and ``bytes_from_device``.
     """
+    for fold in _FOLDERS:
+        fold()
     with _METRICS.lock:
         out = copy.deepcopy(_METRICS.values)
     for name in _BY_KEY:
@@ -77,6 +86,8 @@ def snapshot() -> dict[str, Any]:
 
 def reset() -> None:
     """Set every counter back to zero."""
+    for fold in _FOLDERS:
+        fold()
     with _METRICS.lock:
         _METRICS.reset()
 

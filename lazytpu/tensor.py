@@ -64,9 +64,9 @@ class LazyTensor(torch.Tensor):
 
     _lt_storage: object  # the shared Storage (Note [Storage])
     _lt_desc: TensorDesc
-    _lt_index: int  # device index
-    _lt_window: tuple | None  # (size, stride, offset) when not the storage's base layout
-    _lt_cache: tuple | None  # (storage value, value read through the window)
+    _lt_index: int = 0  # device index
+    _lt_window: tuple | None = None  # (size, stride, offset) when not the storage's base layout
+    _lt_cache: tuple | None = None  # (storage value, value read through the window)
 
     @staticmethod
     def __new__(cls, storage, desc: TensorDesc, index: int = 0, is_base: bool | None = None):
@@ -76,11 +76,12 @@ class LazyTensor(torch.Tensor):
         )
         t._lt_storage = storage
         t._lt_desc = desc
-        t._lt_index = index
+        if index:
+            t._lt_index = index
         if is_base is None:
             is_base = desc.offset == 0 and desc.stride == storage.stride and desc.shape == storage.value.aval.shape
-        t._lt_window = None if is_base else (desc.shape, desc.stride, desc.offset)
-        t._lt_cache = None
+        if not is_base:
+            t._lt_window = (desc.shape, desc.stride, desc.offset)
         return t
 
     __torch_function__ = torch._C._disabled_torch_function_impl

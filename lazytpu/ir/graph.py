@@ -37,20 +37,21 @@ class Storage:
     def __init__(self, value, graph: PendingGraph, stride: tuple[int, ...]) -> None:
         self.value = value
         self.graph = graph
-        self.stride = tuple(stride)
-        graph.storages[self] = None
-        if isinstance(value, Output):
-            graph.track(self)
+        self.stride = stride
+        ref = weakref.ref(self)
+        graph.storages.append(ref)
+        if type(value) is Output:
+            graph.pending.append(ref)
 
     def bind(self, value) -> None:
         """Re-bind to a new value (an in-place write or a sync's result)."""
         self.value = value
-        if isinstance(value, Output):
-            self.graph.track(self)
+        if type(value) is Output:
+            self.graph.pending.append(weakref.ref(self))
 
     @property
     def pending(self) -> bool:
-        return isinstance(self.value, Output)
+        return type(self.value) is Output
 
     @property
     def numel(self) -> int:
@@ -66,25 +67,31 @@ class PendingGraph:
     Note [Graph ownership]: one graph per device, process-wide, behind one
     re-entrant lock. Autograd runs backward ops on its own thread; a
     thread-local graph would split a step's forward and backward apart.
+
+    Storages are tracked by plain weak references (no callbacks: cheap on the
+    per-op path); dead ones are skipped and pruned at each sync.
     """
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        # Insertion-ordered (unlike a WeakSet), so the same recording gives the
-        # same program key (Note [Deterministic roots]).
-        self._live: weakref.WeakKeyDictionary[Storage, None] = weakref.WeakKeyDictionary()
-        # every live storage, pending or not: who still holds which buffer
-        # (Note [Donation])
-        self.storages: weakref.WeakKeyDictionary[Storage, None] = weakref.WeakKeyDictionary()
+        # Storages that became pending since the last sync, in order
+        # (Note [Deterministic roots]); may repeat and may be dead.
+        self.pending: list[weakref.ref] = []
+        # Every storage (Note [Donation]); pruned at each sync.
+        self.storages: list[weakref.ref] = []
         self.rng: Data | Output | None = None
         self.pending_ops = 0
 
-    def track(self, storage: Storage) -> None:
-        self._live[storage] = None
-
     def pending_storages(self) -> list[Storage]:
-        """Storages that hold pending values now."""
-        return [s for s in list(self._live) if isinstance(s.value, Output)]
+        """Live storages that hold pending values now, each once, in order."""
+        seen: set[int] = set()
+        out = []
+        for ref in self.pending:
+            s = ref()
+            if s is not None and type(s.value) is Output and id(s) not in seen:
+                seen.add(id(s))
+                out.append(s)
+        return out
 
     def roots(self) -> list[Output]:
         """Every pending value a sync must materialize (rng included)."""
@@ -93,9 +100,15 @@ class PendingGraph:
             outs.append(self.rng)
         return outs
 
+    def live_storages(self) -> list[Storage]:
+        """Every live storage (and prune the dead references)."""
+        alive = [s for s in (ref() for ref in self.storages) if s is not None]
+        self.storages = [weakref.ref(s) for s in alive]
+        return alive
+
     def live_buffers(self) -> list:
         """The device buffers of every live storage (what synchronize waits for)."""
-        return [s.value.buffer for s in list(self.storages) if isinstance(s.value, Data)]
+        return [s.value.buffer for s in self.live_storages() if isinstance(s.value, Data)]
 
     def held_buffers(self) -> set[int]:
         """ids of the device buffers some live storage (or the rng) holds.
@@ -111,11 +124,9 @@ class PendingGraph:
 
     def rebind(self, results: dict[Output, Data]) -> None:
         """Replace pending values by the program's results; forget the rest."""
-        for storage in list(self._live):
-            value = storage.value
-            if isinstance(value, Output):
-                storage.value = results[value]
-        self._live.clear()
+        for storage in self.pending_storages():
+            storage.value = results[storage.value]
+        self.pending.clear()
         if isinstance(self.rng, Output):
             self.rng = results[self.rng]
         self.pending_ops = 0
