@@ -297,6 +297,27 @@ def _layer_norm(draw):
     return (x.requires_grad_(), weight, bias), lambda x, w, b: F.layer_norm(x, normalized, w, b, eps)
 
 
+@st.composite
+def _huber(draw):
+    x, y = _pair(draw, ((2, 3), (), (0,)))
+    reduction = draw(st.sampled_from(("none", "mean", "sum")))
+    assume(not (x.numel() == 0 and reduction == "mean"))  # the same meta gap as test_empty_mse_loss_backward
+    delta = draw(st.sampled_from((1.0, 0.5)))
+    return (x.requires_grad_(), y.requires_grad_()), lambda x, y: F.huber_loss(x, y, reduction, delta)
+
+
+@st.composite
+def _group_norm(draw):
+    shape = draw(st.sampled_from(((2, 4, 3), (2, 4), (0, 4, 2), (1, 6, 2, 2))))
+    groups = draw(st.sampled_from((1, 2)))
+    dtype = draw(st.sampled_from(WITH_HALVES))
+    x = _values(draw, shape, dtype, False)
+    affine = draw(st.booleans())
+    weight = _values(draw, shape[1:2], dtype, False).requires_grad_() if affine else None
+    bias = _values(draw, shape[1:2], dtype, False).requires_grad_() if affine else None
+    return (x.requires_grad_(), weight, bias), lambda x, w, b: F.group_norm(x, groups, w, b)
+
+
 LOSSES_AND_LAYERS = {
     "cross_entropy": _cross_entropy(),
     "cross_entropy_probs": _cross_entropy_probs(),
@@ -306,6 +327,8 @@ LOSSES_AND_LAYERS = {
     "binary_cross_entropy_with_logits": _bce_logits(),
     "embedding": _embedding(),
     "layer_norm": _layer_norm(),
+    "group_norm": _group_norm(),
+    "huber_loss": _huber(),
 }
 
 
@@ -387,7 +410,8 @@ def _training_step():
         F.cross_entropy(h, target),
         F.cross_entropy(h, target, label_smoothing=0.1),
         F.nll_loss(torch.log_softmax(h, -1), target, reduction="sum"),
-        F.mse_loss(h, x),
+        F.mse_loss(h, x) + F.huber_loss(h, x, delta=0.5),
+        F.group_norm(h.reshape(2, 2, 6), 2).square().sum(),
         torch.softmax(h, 0).sum(),
         h.mean() + h.std() + h.var(0).sum() + h.logsumexp(1).sum() + h.cumsum(1).sum(),
         h.amax(1).sum() + h.max() + h.max(0).values.sum() + torch.var_mean(h, 1)[0].sum(),

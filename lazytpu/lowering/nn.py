@@ -1,4 +1,4 @@
-"""Neural-network ops: softmax, losses, embedding, layer norm, dropout.
+"""Neural-network ops: softmax, losses, embedding, layer/group norm, dropout.
 
 Forward ops and the backward ops autograd emits for them, so that training
 steps stay on device. Element-wise activations live in ``elementwise``.
@@ -124,6 +124,18 @@ def mse_loss_backward(grad_output, x, target, reduction):
     return 2 * diff * _reduce_grad(grad_output, diff.shape, reduction)
 
 
+@lowering(aten.huber_loss.default)
+def huber_loss(x, target, reduction=_MEAN, delta=1.0):
+    d = jnp.abs(x - target)
+    return _reduce(jnp.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta)), reduction)
+
+
+@lowering(aten.huber_loss_backward.default)
+def huber_loss_backward(grad_output, x, target, reduction, delta):
+    diff = x - target
+    return jnp.clip(diff, -delta, delta) * _reduce_grad(grad_output, diff.shape, reduction)
+
+
 # torch clamps log terms at -100 so that log(0) gives a finite loss.
 _LOG_FLOOR = -100.0
 # ...and the gradient's denominator at this epsilon.
@@ -173,7 +185,31 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
     return jnp.zeros((num_weights, grad.shape[1]), grad.dtype).at[flat].add(grad)
 
 
-# -- layer norm ----------------------------------------------------------------
+# -- layer norm and group norm -------------------------------------------------
+
+
+def _standardize(x, ax, eps):
+    """``(x - mean) * rstd`` over ``ax`` (biased variance), with mean and rstd kept as dims."""
+    x = upcast(x)
+    mu = jnp.mean(x, axis=ax, keepdims=True)
+    rstd = jax.lax.rsqrt(jnp.mean(jnp.square(x - mu), axis=ax, keepdims=True) + eps)
+    return (x - mu) * rstd, mu, rstd
+
+
+def _standardize_backward(g, xhat, rstd, ax):
+    """The input gradient of ``_standardize`` given the gradient ``g`` of its output."""
+    g_mean = jnp.mean(g, axis=ax, keepdims=True)
+    gx_mean = jnp.mean(g * xhat, axis=ax, keepdims=True)
+    return rstd * (g - g_mean - xhat * gx_mean)
+
+
+def _affine(out, weight, bias, shape):
+    """Scale and shift by per-feature ``weight``/``bias`` reshaped to ``shape``."""
+    if weight is not None:
+        out = out * weight.reshape(shape)
+    if bias is not None:
+        out = out + bias.reshape(shape)
+    return out
 
 
 def _norm_axes(x, normalized_shape) -> tuple[int, ...]:
@@ -182,17 +218,8 @@ def _norm_axes(x, normalized_shape) -> tuple[int, ...]:
 
 @lowering(aten.native_layer_norm.default)
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
-    ax = _norm_axes(x, normalized_shape)
-    x = upcast(x)
-    mu = jnp.mean(x, axis=ax, keepdims=True)
-    var = jnp.mean(jnp.square(x - mu), axis=ax, keepdims=True)
-    rstd = jax.lax.rsqrt(var + eps)
-    out = (x - mu) * rstd
-    if weight is not None:
-        out = out * weight
-    if bias is not None:
-        out = out + bias
-    return out, mu, rstd
+    xhat, mu, rstd = _standardize(x, _norm_axes(x, normalized_shape), eps)
+    return _affine(xhat, weight, bias, tuple(normalized_shape)), mu, rstd
 
 
 @lowering(aten.native_layer_norm_backward.default)
@@ -202,16 +229,39 @@ def native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight
     g_out = upcast(grad_out)
     xhat = (upcast(x) - mean) * rstd
     g = g_out if weight is None else g_out * weight
-    results = []
-    if output_mask[0]:
-        g_mean = jnp.mean(g, axis=ax, keepdims=True)
-        gx_mean = jnp.mean(g * xhat, axis=ax, keepdims=True)
-        results.append(rstd * (g - g_mean - xhat * gx_mean))
-    if output_mask[1]:
-        results.append(jnp.sum(g_out * xhat, axis=batch_ax))
-    if output_mask[2]:
-        results.append(jnp.sum(g_out, axis=batch_ax))
-    return tuple(results)
+    grads = (
+        _standardize_backward(g, xhat, rstd, ax),
+        jnp.sum(g_out * xhat, axis=batch_ax),
+        jnp.sum(g_out, axis=batch_ax),
+    )
+    return tuple(grad for grad, wanted in zip(grads, output_mask) if wanted)
+
+
+# Group norm works on (N, group, C // group * HxW): one standardization per
+# sample and group; weight and bias are per channel, (1, C, 1).
+
+
+def _per_channel(stat, c, group):
+    """A per-(sample, group) statistic, (N, group), as (N, C, 1)."""
+    return jnp.repeat(stat, c // group, axis=1)[:, :, None]
+
+
+@lowering(aten.native_group_norm.default)
+def native_group_norm(x, weight, bias, n, c, hxw, group, eps):
+    xhat, mu, rstd = _standardize(x.reshape(n, group, c // group * hxw), (2,), eps)
+    out = _affine(xhat.reshape(n, c, hxw), weight, bias, (1, c, 1))
+    return out.reshape(x.shape), mu.reshape(n, group), rstd.reshape(n, group)
+
+
+@lowering(aten.native_group_norm_backward.default)
+def native_group_norm_backward(grad_out, x, mean, rstd, weight, n, c, hxw, group, output_mask):
+    g_out = upcast(grad_out).reshape(n, c, hxw)
+    xhat = (upcast(x).reshape(n, c, hxw) - _per_channel(mean, c, group)) * _per_channel(rstd, c, group)
+    g = g_out if weight is None else g_out * weight.reshape(1, c, 1)
+    grouped = (n, group, c // group * hxw)
+    dx = _standardize_backward(g.reshape(grouped), xhat.reshape(grouped), rstd[:, :, None], (2,))
+    grads = (dx.reshape(x.shape), jnp.sum(g_out * xhat, axis=(0, 2)), jnp.sum(g_out, axis=(0, 2)))
+    return tuple(grad for grad, wanted in zip(grads, output_mask) if wanted)
 
 
 # -- dropout -------------------------------------------------------------------
