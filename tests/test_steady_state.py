@@ -1,0 +1,87 @@
+"""Steady training loops compile nothing after warm-up (issue: steady state).
+
+Both an MLP and a small transformer, trained with AdamW and an LR scheduler
+that changes the learning rate every step, with and without a host read
+(`.item()`) per step: after the warm-up steps the number of compiled programs
+stays exactly constant, and each step runs one program.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lazytpu
+
+
+class TinyTransformer(torch.nn.Module):
+    """Decoder-only: embedding, 2 blocks of causal self-attention + MLP."""
+
+    def __init__(self, vocab=50, width=32, heads=4, layers=2, seq=16):
+        super().__init__()
+        self.heads = heads
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.pos = torch.nn.Parameter(torch.randn(seq, width) * 0.02)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.ModuleDict({
+                "ln1": torch.nn.LayerNorm(width), "qkv": torch.nn.Linear(width, 3 * width),
+                "proj": torch.nn.Linear(width, width), "ln2": torch.nn.LayerNorm(width),
+                "fc": torch.nn.Linear(width, 4 * width), "out": torch.nn.Linear(4 * width, width),
+            })
+            for _ in range(layers)
+        )
+        self.head = torch.nn.Linear(width, vocab)
+
+    def forward(self, tokens):
+        b, t = tokens.shape
+        x = self.embed(tokens) + self.pos[:t]
+        mask = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
+        for blk in self.blocks:
+            q, k, v = blk["qkv"](blk["ln1"](x)).chunk(3, dim=-1)
+            q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+            att = att.masked_fill(~mask, float("-inf")).softmax(-1)
+            y = (att @ v).transpose(1, 2).reshape(b, t, -1)
+            x = x + blk["proj"](y)
+            x = x + blk["out"](F.gelu(blk["fc"](blk["ln2"](x))))
+        return self.head(x)
+
+
+def _mlp_setup():
+    model = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(), torch.nn.Linear(32, 5)).to("tpu")
+    x, y = torch.randn(16, 20).to("tpu"), torch.randint(0, 5, (16,)).to("tpu")
+    return model, (lambda: F.cross_entropy(model(x), y))
+
+
+def _transformer_setup():
+    model = TinyTransformer().to("tpu")
+    tokens = torch.randint(0, 50, (4, 16)).to("tpu")
+    return model, (lambda: F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()))
+
+
+@pytest.mark.parametrize("setup", [_mlp_setup, _transformer_setup], ids=["mlp", "transformer"])
+@pytest.mark.parametrize("read_loss", [True, False], ids=["item", "no_item"])
+def test_compiles_nothing_after_warmup(setup, read_loss):
+    torch.manual_seed(0)
+    model, loss_fn = setup()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))  # a new lr every step
+    compiled, executed = [], []
+    for _ in range(8):
+        before = lazytpu.metrics.snapshot()
+        opt.zero_grad()
+        loss = loss_fn()
+        loss.backward()
+        opt.step()
+        sched.step()
+        if read_loss:
+            loss.item()
+        after = lazytpu.metrics.snapshot()
+        compiled.append(after["programs_compiled"] - before["programs_compiled"])
+        executed.append(after["programs_executed"] - before["programs_executed"])
+    assert compiled[3:] == [0] * 5, compiled
+    assert executed[3:] == [1] * 5, executed  # the step's program (the optimizer-step sync)
+    assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {}
