@@ -32,6 +32,11 @@ def wants_sources() -> bool:
     return bool(_config.DEBUG.value & _SOURCE_MODES)
 
 
+def enable_sources() -> None:
+    """Record user source lines from now on (after a deferred failure)."""
+    _config.DEBUG.value = _config.DEBUG.value | {"sources"}
+
+
 def source_line() -> str | None:
     """file:line of the innermost frame outside torch, jax and lazytpu."""
     frame = sys._getframe(1)

@@ -22,6 +22,7 @@ from lazytpu import _config, debug, metrics, runtime
 from lazytpu.fusion import build_program
 from lazytpu.ir import Aval, Data, Node, Output, PendingGraph
 from lazytpu.lowering import lower_program
+from lazytpu.runtime.platform import _ForkState, check_not_forked
 
 DEFAULT_SEED = 67280421310721  # torch's default CPU seed
 
@@ -137,13 +138,41 @@ class DeviceContext:
                 if isinstance(kind, Aval) and id(buf) not in held
             )
             blocking = MODE.current is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
-            outs = runtime.execute(
-                (program.key, donate), lambda: lower_program(program), inputs,
-                index=self.index, blocking=blocking, donate=donate,
-                on_compile=lambda lowered: debug.observe_compile(program, lowered),
-            )
+            try:
+                outs = runtime.execute(
+                    (program.key, donate), lambda: lower_program(program), inputs,
+                    index=self.index, blocking=blocking, donate=donate,
+                    on_compile=lambda lowered: debug.observe_compile(program, lowered),
+                )
+            except Exception as exc:
+                error = _program_error(exc, program)
+                self.graph.fail(error)
+                raise error from exc
             self.graph.rebind({r: Data(buf, r.aval) for r, buf in zip(distinct, outs)})
             return outs
+
+
+def _program_error(exc: Exception, program) -> Exception:
+    """The error a user sees for a failed program (Note [Deferred failures]):
+    which op (and where it was recorded, when sources are on), or
+    ``torch.OutOfMemoryError`` with the sizes involved."""
+    from lazytpu.lowering import LoweringError
+
+    if isinstance(exc, LoweringError):
+        message = str(exc)
+    else:
+        message = f"{type(exc).__name__}: {exc}"
+    if "RESOURCE_EXHAUSTED" in message or "out of memory" in message.lower():
+        inputs = sum(k.nbytes for k in program.input_kinds if isinstance(k, Aval))
+        outputs = sum(a.nbytes for a in program.output_avals)
+        return torch.OutOfMemoryError(
+            f"lazytpu: out of device memory running a program of {len(program.ops)} ops "
+            f"(inputs {inputs / 2**20:.1f} MiB, outputs {outputs / 2**20:.1f} MiB): {message}"
+        )
+    if not debug.wants_sources():
+        debug.enable_sources()  # so that the next failure can name the line
+        message += " (source lines are now being recorded: the next failure will name the file:line)"
+    return RuntimeError(f"lazytpu: a deferred program failed: {message}")
 
 
 class _ModeState:
@@ -175,6 +204,8 @@ _CONTEXTS_LOCK = threading.Lock()
 
 
 def context(index: int = 0) -> DeviceContext:
+    if _ForkState.bad_fork:
+        check_not_forked()
     ctx = _CONTEXTS.get(index)
     if ctx is None:
         with _CONTEXTS_LOCK:

@@ -54,7 +54,7 @@ def is_initialized() -> bool:
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    return runtime.platform.in_bad_fork()
 
 
 def device_count() -> int:

@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from lazytpu.ir.node import Aval, Data, Node, Output, Scalar
+from lazytpu.ir.node import Aval, Data, Failed, Node, Output, Scalar
 
 # A reference inside a program: ("in", i) is the i-th input, (j, k) is the
 # k-th output of the j-th op.
@@ -87,6 +87,9 @@ def build_program(roots: list[Output]) -> tuple[Program, list, list[Output]]:
                 refs.append(("in", len(inputs)))
                 inputs.append(v.value)
                 kinds.append(v.kind)
+            elif kind is Failed:
+                raise RuntimeError(f"lazytpu: an input of {node.op} could not be computed earlier: "
+                                   f"{v.error}") from v.error
             else:
                 raise TypeError(f"bad IR input {v!r}")
         refs = tuple(refs)

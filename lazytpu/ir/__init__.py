@@ -5,6 +5,6 @@ buffer that only the runtime interprets.
 """
 
 from lazytpu.ir.graph import PendingGraph, Storage
-from lazytpu.ir.node import Aval, Data, Node, Output, Scalar, Value
+from lazytpu.ir.node import Aval, Data, Failed, Node, Output, Scalar, Value
 
-__all__ = ["Aval", "Data", "Node", "Output", "Scalar", "Value", "PendingGraph", "Storage"]
+__all__ = ["Aval", "Data", "Failed", "Node", "Output", "Scalar", "Value", "PendingGraph", "Storage"]

@@ -122,6 +122,17 @@ class PendingGraph:
             held.add(id(self.rng.buffer))
         return held
 
+    def fail(self, error: BaseException) -> None:
+        """Re-bind every pending value to ``Failed`` (Note [Deferred failures])."""
+        from lazytpu.ir.node import Failed
+
+        for storage in self.pending_storages():
+            storage.value = Failed(error, storage.value.aval)
+        self.pending.clear()
+        if isinstance(self.rng, Output):  # the key state before the failed program is lost with it
+            self.rng = None
+        self.pending_ops = 0
+
     def rebind(self, results: dict[Output, Data]) -> None:
         """Replace pending values by the program's results; forget the rest."""
         for storage in self.pending_storages():

@@ -37,6 +37,21 @@ class Data:
     aval: Aval
 
 
+@attrs.frozen(slots=True, eq=False)
+class Failed:
+    """The value of a tensor whose program failed (Note [Deferred failures]).
+
+    Note [Deferred failures]: when a fused program fails to compile or run,
+    every tensor it was computing is re-bound to ``Failed``: using one raises
+    the original error again, with the op and (when known) the source line;
+    tensors that were already materialized stay valid, and the next program
+    runs normally.
+    """
+
+    error: BaseException
+    aval: Aval
+
+
 @attrs.frozen(slots=True)
 class Scalar:
     """A Python number lifted to a program input (Note [Scalar lifting]).
@@ -87,5 +102,5 @@ class Output:
         return self.node.out_avals[self.index]
 
 
-Value = Union[Output, Data, Scalar]
+Value = Union[Output, Data, Scalar, Failed]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 
@@ -25,9 +26,41 @@ def _present() -> dict[str, list]:
     return found
 
 
+class _ForkState:
+    """Note [Fork]: PJRT clients do not survive ``fork``: a child forked after
+    the parent initialized the device must not touch it (DataLoader workers
+    that only handle CPU tensors are fine)."""
+
+    initialized = False
+    bad_fork = False
+
+
+def _after_fork_in_child() -> None:
+    if _ForkState.initialized:
+        _ForkState.bad_fork = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def check_not_forked() -> None:
+    if _ForkState.bad_fork:
+        raise RuntimeError(
+            "lazytpu: cannot use the tpu device in a forked subprocess after the parent process initialized it. "
+            "Use the 'spawn' start method (torch.multiprocessing.set_start_method('spawn'), or "
+            "DataLoader(..., multiprocessing_context='spawn')), or keep device work in the parent."
+        )
+
+
+def in_bad_fork() -> bool:
+    return _ForkState.bad_fork
+
+
 @functools.cache
 def devices() -> tuple:
     """The PJRT devices lazytpu uses (all of one platform)."""
+    check_not_forked()
+    _ForkState.initialized = True
     present = _present()
     wanted = _config.PLATFORM.get()
     if wanted is not None:

@@ -1,0 +1,142 @@
+"""Deferred failures, out-of-memory, threads and processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+import lazytpu
+from lazytpu import _config
+from lazytpu.lowering import registry
+
+
+@pytest.fixture
+def failing_exp(monkeypatch):
+    """Make the lowering of aten.exp fail when traced (an injected bug)."""
+
+    def broken(x):
+        raise ValueError("injected lowering failure")
+
+    op = torch.ops.aten.exp.default
+    monkeypatch.setitem(registry._RULES, op, registry.Rule(broken))
+    return op
+
+
+def test_deferred_failure_names_the_op_and_keeps_the_runtime_working(failing_exp):
+    with _config.DEBUG.override(frozenset()):
+        good = torch.arange(5.0).to("tpu") * 2
+        lazytpu.sync()
+        bad = torch.ones(11).to("tpu").exp()  # a shape no other test compiles
+        with pytest.raises(RuntimeError, match=r"aten\.exp\.default.*injected lowering failure"):
+            bad.cpu()
+        with pytest.raises(RuntimeError, match="injected lowering failure"):
+            (bad + 1).cpu()  # the failed value stays failed, with its reason
+        assert good.cpu().tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]  # untouched
+        assert ((good + 1) * 3).cpu().tolist() == [3.0, 9.0, 15.0, 21.0, 27.0]  # runtime still works
+        # after a failure, source lines are recorded: the next failure names the line
+        again = torch.ones(13).to("tpu").exp()
+        with pytest.raises(RuntimeError, match=rf"{__file__}:\d+"):
+            again.cpu()
+
+
+def test_out_of_memory_becomes_torch_oom(monkeypatch):
+    def oom(x):
+        raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4.00GiB")
+
+    monkeypatch.setitem(registry._RULES, torch.ops.aten.exp.default, registry.Rule(oom))
+    x = torch.ones(17, 3).to("tpu")
+    with pytest.raises(torch.OutOfMemoryError, match=r"out of device memory .* MiB"):
+        x.exp().cpu()
+    assert (x + 1).sum().item() == 102.0
+
+
+def _train(seed: int, results: dict, key: str) -> None:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 2))
+    gen = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(10, 6, generator=gen), torch.randn(10, 2, generator=gen)
+    model.to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    xt, yt = x.to("tpu"), y.to("tpu")
+    for _ in range(15):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(xt), yt).backward()
+        opt.step()
+    results[key] = [p.detach().cpu() for p in model.parameters()]
+
+
+def test_two_threads_training_match_sequential():
+    sequential: dict = {}
+    _train(1, sequential, "a")
+    _train(2, sequential, "b")
+    concurrent: dict = {}
+    threads = [threading.Thread(target=_train, args=(s, concurrent, k)) for s, k in ((1, "a"), (2, "b"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for key in ("a", "b"):
+        for p, q in zip(concurrent[key], sequential[key]):
+            torch.testing.assert_close(p, q)
+
+
+def test_tensor_shared_across_threads_is_safe_to_read():
+    shared = torch.arange(1000.0).to("tpu") * 2
+    sums, errors = [], []
+
+    def reader():
+        try:
+            for _ in range(5):
+                sums.append((shared + 1).sum().item())
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and sums == [sum(2 * i + 1 for i in range(1000))] * 15
+
+
+def test_dataloader_workers_feed_a_tpu_model():
+    code = """
+import torch, lazytpu
+from torch.utils.data import DataLoader, TensorDataset
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    model = torch.nn.Linear(4, 1).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in DataLoader(data, batch_size=16, num_workers=2):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x.to("tpu")), y.to("tpu")).backward()
+        opt.step()
+    print("ok", model.weight.sum().item())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ok")
+
+
+def test_forked_child_gets_a_clear_error():
+    code = """
+import os, torch, lazytpu
+x = torch.ones(2, device="tpu"); x.cpu()
+pid = os.fork()
+if pid == 0:
+    try:
+        (x + 1).cpu()
+        os._exit(3)
+    except RuntimeError as exc:
+        os._exit(0 if "spawn" in str(exc) and torch.tpu._is_in_bad_fork() else 4)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0"
