@@ -1,7 +1,7 @@
-"""Reductions, scans, softmax, losses, embedding, layer norm and dropout on ``tpu``.
+"""Reductions, scans, softmax, losses, embedding, layer/group norm and dropout on ``tpu``.
 
 Two tables of cases, compared against CPU torch (values, dtypes, gradients) in
-both eager modes. Hypothesis draws shapes from a small set (each new program
+both eager modes (each example draws one). Hypothesis draws shapes from a small set (each new program
 shape compiles once), dims (negative, lists, ``None``), ``keepdim``, dtypes and
 values (ties, and inf/nan where a case allows). Where CPU torch raises (e.g. an
 empty ``amax``), ``tpu`` must raise the same error type. Dropout cannot match
@@ -357,7 +357,7 @@ def test_empty_mse_loss_backward():
 
 
 def _dropout(p: float, seed: int, shape=(64, 64)):
-    """Dropout of ones on tpu, its gradient, and the input (seeded)."""
+    """Seeded dropout of ones on tpu and the input's gradient (upstream gradient 2), on CPU."""
     torch.manual_seed(seed)
     x = torch.ones(shape, device="tpu", requires_grad=True)
     y = F.dropout(x, p, training=True)
@@ -412,6 +412,10 @@ def _training_step():
         F.nll_loss(torch.log_softmax(h, -1), target, reduction="sum"),
         F.mse_loss(h, x) + F.huber_loss(h, x, delta=0.5),
         F.group_norm(h.reshape(2, 2, 6), 2).square().sum(),
+        F.cross_entropy(h.reshape(2, 3, 2, 2), target.reshape(2, 2, 1).expand(2, 2, 2).clamp(0, 2)),  # nll_loss2d
+        F.binary_cross_entropy(torch.sigmoid(h), x.sigmoid().detach()),
+        F.binary_cross_entropy_with_logits(h, x.sigmoid().detach(), pos_weight=torch.ones(6, device="tpu")),
+        h.prod(1).sum() + h.cumprod(1).sum() + h.min() + h.min(1).values.sum() + h.amin(0).sum(),
         torch.softmax(h, 0).sum(),
         h.mean() + h.std() + h.var(0).sum() + h.logsumexp(1).sum() + h.cumsum(1).sum(),
         h.amax(1).sum() + h.max() + h.max(0).values.sum() + torch.var_mean(h, 1)[0].sum(),
