@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test fuzz lint venv clean
+.PHONY: demo test fuzz lint venv clean bench
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ test: $(STAMP)
 # A long differential-fuzzing campaign of aliasing programs (random seed).
 fuzz: $(STAMP)
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-5000} FUZZ_RANDOM=1 $(BIN)/python -m pytest -q -s tests/test_fuzz_aliasing.py
+
+# The benchmark suite (benchmarks/README.md): table on stdout, JSON + PNG in benchmarks/results/.
+bench: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python -m benchmarks
 
 lint: $(STAMP)
 	$(BIN)/ruff check lazytpu tests examples
