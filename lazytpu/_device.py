@@ -75,6 +75,15 @@ def _copy_from_and_resize(src, dst):
     return _copy_from(src, dst)
 
 
+def _backend_fallback(op, *args, **kwargs):
+    """Ops that reach the ``tpu`` backend key without a LazyTensor argument
+    (factories such as ``tril_indices(3, 3, device="tpu")``): resolve them
+    like any other op."""
+    from lazytpu.dispatch import dispatch
+
+    return dispatch(op, args, kwargs)
+
+
 _registered = []
 
 
@@ -89,4 +98,14 @@ def register() -> None:
     lib.impl("_copy_from", _copy_from, "PrivateUse1")
     lib.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
     _registered.append(lib)  # keep the library alive
+    fallback = torch.library.Library("_", "IMPL")
+    fallback.fallback(_backend_fallback, "PrivateUse1")
+    _registered.append(fallback)
     _registered.append(register_optimizer_step_post_hook(_after_optimizer_step))
+    # Note [Backward on the caller's thread]: autograd would run tpu backward
+    # ops on a device worker thread. That thread can still be dropping its
+    # last references to tpu tensors when the interpreter shuts down, which
+    # aborts the process at exit (about one script in two). With device
+    # threads off, backward runs on the thread that called it; results are
+    # the same, and CPU-only autograd is unaffected (it never used them).
+    torch.autograd.set_multithreading_enabled(False)

@@ -16,6 +16,7 @@ Order of resolution for an op (Note [Resolution order]):
 from __future__ import annotations
 
 import functools
+import re
 import threading
 import warnings
 
@@ -34,7 +35,7 @@ from lazytpu.aliasing import (
     write,
     write_value,
 )
-from lazytpu.ir import Node, Output, Scalar
+from lazytpu.ir import Failed, Node, Output, Scalar
 from lazytpu.ir.template import Slot, Template, fill, flatten
 from lazytpu.lowering import get_rule
 from lazytpu.tensor import LazyTensor, describe, set_dispatcher
@@ -94,8 +95,8 @@ def infer_meta(func, template, values):
     the CPU kernels (they come from torch._refs). On a meta failure the op is
     re-run on uninitialized CPU tensors of the same shapes, so that the error
     raised is the one CPU torch users see. If the CPU run succeeds where meta
-    had no kernel, ``MetaUnavailable`` is raised: the CPU run's shapes are not
-    trusted, since they may depend on the (garbage) data.
+    had no kernel (or a stricter one), ``MetaUnavailable`` is raised: the CPU
+    run's shapes are not trusted, since they may depend on the (garbage) data.
     """
     key = (func, template, tuple(_describe(v) for v in values))
     hit = _META_MEMO.get(key)
@@ -108,9 +109,9 @@ def infer_meta(func, template, values):
             _run_on(func, template, values, "cpu")
         except Exception as cpu_exc:
             raise cpu_exc.with_traceback(None) from None
-        if isinstance(meta_exc, NotImplementedError) or "meta" in str(meta_exc).lower():
-            raise MetaUnavailable(str(meta_exc)) from None
-        raise meta_exc.with_traceback(None) from None
+        # CPU accepts the call where meta does not: CPU semantics win, and the
+        # op runs where the data is.
+        raise MetaUnavailable(f"{type(meta_exc).__name__}: {meta_exc}") from None
     _META_MEMO[key] = out
     return out
 
@@ -326,7 +327,42 @@ def _make_plan(func, args, kwargs, rule, values) -> _Plan:
     args, kwargs = _lift(func, args, kwargs)
     template, flat_values = flatten(args, kwargs, _pick)
     meta_out = infer_meta(func, template, flat_values)
+    if not rule.random:
+        _check_kernel_dtypes(func, template, flat_values)
     return _Plan(func, template, meta_out, rule, _kwarg_device_index(kwargs))
+
+
+# Errors of CPU kernels that meta kernels do not raise, and that do not
+# depend on sizes (Note [Kernel checks]).
+_KERNEL_ERRORS = re.compile(r"not implemented for|same dtype|expected scalar type|Dimension out of range")
+
+
+def _check_kernel_dtypes(func, template, values) -> None:
+    """Note [Kernel checks]: meta kernels skip some checks real kernels make
+    (dtype support, mixed dtypes in mm, dim wrapping in softmax). Once per call
+    signature, the op runs on CPU with every dimension 0 (no work); if that
+    raises one of those size-independent errors, raise it now, as the
+    backend's (``"bitwise_and_tpu" not implemented for 'Float'``)."""
+
+    tensors = [v for v in values if type(v) is not Scalar]
+    if not tensors or "backward" in func._schema.name:
+        return  # factories have no tensor to check; autograd calls backward ops consistently
+    exact = all(v.numel() == 0 for v in tensors)  # empty inputs: the real call costs nothing
+
+    def empty(v):
+        if type(v) is Scalar:
+            return v.value
+        return torch.empty(tuple(v.shape) if exact else (0,) * len(v.shape), dtype=v.dtype)
+
+    args, kwargs = fill(template, [empty(v) for v in values])
+    if _is_tpu_device(kwargs.get("device")):
+        kwargs["device"] = "cpu"
+    try:
+        with torch.no_grad():
+            func(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - only some are re-raised
+        if exact or _KERNEL_ERRORS.search(str(exc)):
+            raise type(exc)(str(exc).replace("_cpu", "_tpu")).with_traceback(None) from None
 
 
 # -- views ---------------------------------------------------------------------
@@ -401,9 +437,21 @@ def resize_to(dst: LazyTensor, shape, stride=None) -> None:
 _FUNCTIONAL_NAMED = {aten.normal_.default: aten.normal_functional.default}
 
 
+_IGNORED = frozenset({"dtype", "layout", "device", "pin_memory", "generator"})
+
+
+def _arg_signature(schema, drop_out: bool) -> list[tuple[str, str]]:
+    return [
+        (a.name, str(a.type).replace("Optional[", "").rstrip("]"))
+        for a in schema.arguments
+        if not (drop_out and a.kwarg_only and a.alias_info is not None) and a.name not in _IGNORED
+    ]
+
+
 @functools.cache
 def _functional_of(func):
-    """The functional overload behind an in-place or out= overload, if any."""
+    """The functional overload behind an in-place or out= overload, if any:
+    same argument names and types (dtype/device options aside)."""
     if func in _FUNCTIONAL_NAMED:
         return _FUNCTIONAL_NAMED[func]
     schema = func._schema
@@ -412,17 +460,38 @@ def _functional_of(func):
     packet = getattr(aten, base, None)
     if packet is None:
         return None
-    wanted = [a.name for a in schema.arguments if not (a.alias_info and a.alias_info.is_write and a.kwarg_only)]
-    if not name.endswith("_"):
-        wanted = [a.name for a in schema.arguments if not (a.kwarg_only and a.alias_info is not None)]
+    wanted = _arg_signature(schema, drop_out=True)
     for overload in packet.overloads():
         cand = getattr(packet, overload)
         if cand is func or cand._schema.is_mutable:
             continue
-        names = [a.name for a in cand._schema.arguments]
-        if names == wanted or [n for n in names if n not in ("dtype", "layout", "device", "pin_memory")] == wanted:
+        if _arg_signature(cand._schema, drop_out=False) == wanted:
             return cand
     return None
+
+
+def _call_functional(func, functional, args, kwargs):
+    """Call ``functional`` with ``func``'s arguments, defaults included (an
+    in-place op may default what its functional form requires)."""
+    bound = {}
+    for i, a in enumerate(func._schema.arguments):
+        if a.kwarg_only and a.alias_info is not None:
+            continue  # out=
+        if i < len(args) and not a.kwarg_only:
+            bound[a.name] = args[i]
+        elif a.name in kwargs:
+            bound[a.name] = kwargs[a.name]
+        elif a.has_default_value():
+            bound[a.name] = a.default_value
+    call_args, call_kwargs = [], {}
+    for a in functional._schema.arguments:
+        if a.name not in bound:
+            continue
+        if a.kwarg_only:
+            call_kwargs[a.name] = bound[a.name]
+        else:
+            call_args.append(bound[a.name])
+    return dispatch(functional, tuple(call_args), call_kwargs)
 
 
 def _out_args(func) -> list[str]:
@@ -437,7 +506,7 @@ def _is_inplace(func) -> bool:
 def _run_inplace(func, functional, args, kwargs):
     self = args[0]
     _check_with_meta(func, args, kwargs)  # torch's errors (e.g. result type can't be cast)
-    result = dispatch(functional, args, kwargs)
+    result = _call_functional(func, functional, args, kwargs)
     write(self, result)
     return self
 
@@ -445,8 +514,7 @@ def _run_inplace(func, functional, args, kwargs):
 def _run_out(func, functional, args, kwargs):
     names = _out_args(func)
     outs = [kwargs[n] for n in names]
-    rest = {k: v for k, v in kwargs.items() if k not in names}
-    result = dispatch(functional, args, rest)
+    result = _call_functional(func, functional, args, kwargs)
     results = [result] if isinstance(result, torch.Tensor) else list(result)
     for dst, src in zip(outs, results):
         if type(dst) is not LazyTensor:
@@ -654,6 +722,29 @@ def _check_with_meta(func, args, kwargs) -> None:
         pass
 
 
-set_dispatcher(dispatch)
+def failed_outputs(func, args, kwargs, error: Exception):
+    """Outputs of ``func`` whose values are ``error`` (Note [Errors in
+    backward]); shapes from the meta kernel, else from CPU on empty inputs."""
+    args_l, kwargs_l = _lift(func, args, kwargs)
+    template, values = flatten(args_l, kwargs_l, _pick)
+    wrapped = RuntimeError(f"lazytpu: {func} failed inside backward: {type(error).__name__}: {error}")
+    try:
+        out = _run_on(func, template, values, "meta")
+    except Exception:  # noqa: BLE001 - fall through to the CPU shapes
+        try:
+            out = _run_on(func, template, values, "cpu")
+        except Exception:  # noqa: BLE001 - nothing better to offer
+            raise error from None
+    index = _device_index(values)
+    warnings.warn(str(wrapped), RuntimeWarning, stacklevel=2)
+
+    def make(m):
+        desc = describe(m.shape, m.stride(), 0, m.numel(), m.dtype)
+        return new_tensor_of(Failed(wrapped, desc.aval), desc, index)
+
+    return _map_tensors(out, torch.Tensor, make)
+
+
+set_dispatcher(dispatch, failed_outputs)
 
 from lazytpu import handlers  # noqa: E402,F401  (registers the dispatch-level handlers)

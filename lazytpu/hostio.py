@@ -9,7 +9,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_
 
 from lazytpu import runtime
 from lazytpu.engine import context
-from lazytpu.ir import Aval, Data, Output
+from lazytpu.ir import Aval, Data, Failed, Output
 
 # numpy has no bfloat16: move its bits as uint16 (Note [bfloat16 transfers]).
 _BITS = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16)}
@@ -35,6 +35,8 @@ def to_cpu(t, reason: str = "cpu") -> torch.Tensor:
     storage = t._lt_storage
     if isinstance(storage.value, Output):
         context(t.device.index or 0).flush(reason)
+    if isinstance(storage.value, Failed):
+        raise RuntimeError(f"lazytpu: this tensor's value could not be computed: {storage.value.error}")
     array = runtime.to_host(storage.value.buffer)
     bits = _BITS.get(t.dtype)
     if bits:

@@ -12,11 +12,12 @@ import torch
 _DEVICES: dict[int, torch.device] = {}
 # The dispatcher lives in lazytpu.dispatch (which imports this module); it
 # installs itself here with ``set_dispatcher``.
-_DISPATCH: list = [None]
+_DISPATCH: list = [None, None]
 
 
-def set_dispatcher(fn) -> None:
+def set_dispatcher(fn, on_backward_error) -> None:
     _DISPATCH[0] = fn
+    _DISPATCH[1] = on_backward_error
 
 
 def tpu_device(index: int = 0) -> torch.device:
@@ -88,7 +89,16 @@ class LazyTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _DISPATCH[0](func, args, kwargs or {})
+        try:
+            return _DISPATCH[0](func, args, kwargs or {})
+        except Exception as exc:
+            # Note [Errors in backward]: a Python exception leaving a backend
+            # kernel inside autograd's engine aborts the process (torch's
+            # Python backend hooks are called with the error set). Inside
+            # backward, the error is deferred into the op's outputs instead.
+            if torch._C._current_graph_task_id() == -1:
+                raise
+            return _DISPATCH[1](func, args, kwargs or {}, exc)
 
     def numpy(self, *args, **kwargs):
         raise TypeError(

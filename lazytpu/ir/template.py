@@ -49,7 +49,8 @@ def flatten(args: tuple, kwargs: dict, pick: Callable[[Any], Any]) -> tuple[Temp
     """
     values: list = []
     t_args = tuple(_flatten_leaf(a, pick, values) for a in args)
-    t_kwargs = tuple(sorted((k, _flatten_leaf(v, pick, values)) for k, v in kwargs.items()))
+    # slots are numbered in sorted-name order, the order the template lists them
+    t_kwargs = tuple((k, _flatten_leaf(kwargs[k], pick, values)) for k in sorted(kwargs))
     return Template(t_args, t_kwargs), values
 
 
