@@ -30,7 +30,7 @@ def _probe(v):
     """What torch's type promotion sees of a rule argument."""
     if isinstance(v, _NUMBER):
         return v
-    if v.weak_type:  # a lifted Python scalar (Note [Scalar lifting])
+    if v.weak_type and v.ndim == 0:  # a lifted Python scalar (Note [Scalar lifting])
         if jnp.issubdtype(v.dtype, jnp.complexfloating):
             return 1j
         return 1.0 if jnp.issubdtype(v.dtype, jnp.floating) else (True if v.dtype == jnp.bool_ else 1)
@@ -49,6 +49,10 @@ def promote(*xs, kind=Kind.DEFAULT) -> tuple:
 
 def _is_int(x) -> bool:
     return jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_
+
+
+def _is_bool(x) -> bool:
+    return not isinstance(x, _NUMBER) and x.dtype == jnp.bool_
 
 
 def _scaled(y, alpha):
@@ -80,6 +84,12 @@ def rsub(x, y, *, alpha=1):
 
 @lowering(aten.mul.Tensor, aten.mul.Scalar)
 def mul(x, y):
+    x_mask, y_mask = _is_bool(x), _is_bool(y)
+    if x_mask != y_mask:
+        # XLA rewrites a * convert(pred) to select(pred, a, 0); torch keeps inf * False == nan
+        mask, other = (x, y) if x_mask else (y, x)
+        (other,) = promote(other, mask)[:1]
+        return jnp.where(mask, other, other * 0)
     x, y = promote(x, y)
     return x * y
 
@@ -90,17 +100,36 @@ def div(x, y):
     return x / y
 
 
+# Note [Exact quotients]: XLA rewrites a division by a broadcast divisor into
+# a multiplication by its reciprocal, which may miss the correctly rounded
+# quotient by an ulp (1.9373531 / 1.9373531 -> 0.9999999). Harmless for true
+# division, but rounding modes turn that ulp into a whole unit. They divide by
+# a divisor hidden behind an optimization barrier, which XLA cannot rewrite.
+
+
+def _divide_exactly(x, y):
+    shape = jnp.broadcast_shapes(x.shape, y.shape)
+    return x / lax.optimization_barrier(jnp.broadcast_to(y, shape))
+
+
 def _floor_divide(x, y):
     if _is_int(x):
         return jnp.floor_divide(x, y)
-    # torch's div_floor_floating (c10/util/generic_math.h), for equal values
+    # torch's div_floor_floating (c10/util/generic_math.h)
     mod = jnp.fmod(x, y)
-    quot = (x - mod) / y
+    quot = _divide_exactly(x - mod, y)
     quot = jnp.where((mod != 0) & ((y < 0) != (mod < 0)), quot - 1, quot)
     floor = jnp.floor(quot)
     floor = jnp.where(quot - floor > 0.5, floor + 1, floor)
-    floor = jnp.where(quot == 0, jnp.copysign(jnp.zeros_like(quot), x / y), floor)
-    return jnp.where(y == 0, x / y, floor)
+    true_quot = _divide_exactly(x, y)
+    floor = jnp.where(quot == 0, jnp.copysign(jnp.zeros_like(quot), true_quot), floor)
+    return jnp.where(y == 0, true_quot, floor)
+
+
+def _trunc_divide(x, y):
+    if _is_int(x):
+        return lax.div(*jnp.broadcast_arrays(x, y))
+    return jnp.trunc(_divide_exactly(x, y))
 
 
 @lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
@@ -108,9 +137,7 @@ def div_mode(x, y, *, rounding_mode=None):
     if rounding_mode is None:
         return div(x, y)
     x, y = promote(x, y)
-    if rounding_mode == "floor":
-        return _floor_divide(x, y)
-    return lax.div(*jnp.broadcast_arrays(x, y)) if _is_int(x) else jnp.trunc(x / y)
+    return (_floor_divide if rounding_mode == "floor" else _trunc_divide)(x, y)
 
 
 @lowering(aten.floor_divide.default, aten.floor_divide.Scalar)
@@ -145,9 +172,12 @@ def _int_pow(a, b):
 def pow_(x, y):
     if type(y) is int and not isinstance(x, _NUMBER) and jnp.issubdtype(x.dtype, jnp.inexact):
         return lax.integer_pow(x, y)  # x * x for 2, as torch's CPU kernel
+    scalar_exponent = isinstance(y, float) or (not isinstance(y, _NUMBER) and y.ndim == 0 and y.weak_type)
     x, y = promote(x, y, kind=Kind.BOOL_TO_LONG)
     if _is_int(x):
         return _int_pow(x, y)
+    if scalar_exponent:  # torch's CPU kernel takes sqrt/rsqrt for these (pow(-inf, 0.5) is nan)
+        return jnp.where(y == 0.5, jnp.sqrt(x), jnp.where(y == -0.5, lax.rsqrt(x), jnp.power(x, y)))
     return jnp.power(x, y)
 
 
@@ -208,7 +238,9 @@ def _unary(fn, kind):
 
 
 def _sign(x):
-    return x if x.dtype == jnp.bool_ else jnp.sign(x)
+    if _is_int(x):
+        return x if x.dtype == jnp.bool_ else jnp.sign(x)
+    return jnp.where(jnp.isnan(x), 0, jnp.sign(x))  # torch: sign(nan) == 0
 
 
 def _abs(x):
