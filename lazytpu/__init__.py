@@ -12,7 +12,7 @@ or run one by one (strict mode); see ``torch.tpu.set_eager_mode``.
 
 from __future__ import annotations
 
-from lazytpu import _device, debug, metrics, runtime
+from lazytpu import _device, compile, debug, metrics, runtime  # compile: registers torch.compile backend "tpu"
 from lazytpu import distributed  # registers the torch.distributed backend "tpu_dist"
 from lazytpu.engine import EagerMode, sync_all
 from lazytpu.tensor import LazyTensor

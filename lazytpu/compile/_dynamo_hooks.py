@@ -1,0 +1,133 @@
+"""The one module that touches ``torch._dynamo``'s internals (Note [Dynamo hooks]).
+
+Note [Dynamo hooks]: three things make ``torch.compile`` work on ``tpu``
+tensors, installed together right after ``torch._dynamo`` is imported
+(Note [Lazy dynamo install]):
+
+1. Dynamo wraps a tensor subclass that overrides ``__torch_dispatch__`` as an
+   opaque Python object, so every op on it would be a graph break. A
+   ``LazyTensor`` is a device tensor to tracing (its dispatch is the device's
+   kernels, not a tensor-like protocol), so ``VariableBuilder`` wraps it as a
+   plain tensor: fake tensors on ``tpu`` in the graph, TENSOR_MATCH guards.
+2. AOTAutograd expects the tangents of the backward to be plain tensors (the
+   forward's fake outputs were); a ``LazyTensor`` tangent is one, so it says
+   so with ``__coerce_same_metadata_as_tangent__``.
+3. lazytpu's own files, and JAX's, are skipped by dynamo
+   (``trace_rules.add``): after a graph break the eager ops run through
+   lazytpu's dispatcher and into JAX, which dynamo must not try to compile as
+   user code (skipping is per frame: a skipped lazytpu function calling JAX
+   would otherwise have JAX's frames traced). Compiled graphs run with dynamo
+   disabled outright (``torch.compiler.disable``).
+
+Then the backends ``"tpu"`` and ``"lazytpu"`` are registered; the compiler
+itself (``lazytpu.compile.backend``, which imports AOTAutograd) loads on the
+first compile.
+
+Note [Lazy dynamo install]: importing ``torch._dynamo`` costs about 3 s, more
+than the rest of ``import lazytpu``. So nothing here runs at import unless
+dynamo is already loaded; otherwise a one-shot import hook runs ``install``
+right after ``torch._dynamo`` finishes loading (``torch.compile`` imports it
+before looking up the backend name). The hook removes itself on first use.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+
+_DYNAMO = "torch._dynamo"
+_BACKEND_NAMES = ("tpu", "lazytpu")
+_SKIPPED = ("lazytpu", "jax", "jaxlib", "ml_dtypes")
+
+
+class _State:
+    """Whether the hooks are installed (once per process)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.installed = False
+
+
+_STATE = _State()
+
+
+def compile_backend(gm, example_inputs):
+    """The registered backend: loads the compiler on first use."""
+    from lazytpu.compile.backend import backend
+
+    return backend(gm, example_inputs)
+
+
+def _coerce_same_metadata_as_tangent(self, expected_metadata, expected_type=None):
+    return self
+
+
+def install() -> None:
+    """Install the hooks and register the backends (idempotent)."""
+    with _STATE.lock:
+        if _STATE.installed:
+            return
+        _STATE.installed = True
+    from torch._dynamo import trace_rules
+    from torch._dynamo.backends.registry import register_backend
+    from torch._dynamo.variables import builder
+
+    from lazytpu.tensor import LazyTensor
+
+    wrap = builder.VariableBuilder._wrap
+
+    def _wrap(self, value):
+        if type(value) is LazyTensor:
+            return self.wrap_tensor(value)
+        return wrap(self, value)
+
+    builder.VariableBuilder._wrap = _wrap
+    LazyTensor.__coerce_same_metadata_as_tangent__ = _coerce_same_metadata_as_tangent
+    for package in _SKIPPED:
+        trace_rules.add(package)
+    for name in _BACKEND_NAMES:
+        register_backend(compiler_fn=compile_backend, name=name)
+
+
+class _ThenCall(importlib.abc.Loader):
+    """A loader that runs ``callback`` after ``loader`` executed the module."""
+
+    def __init__(self, loader, callback) -> None:
+        self.loader = loader
+        self.callback = callback
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        module.__spec__.loader = module.__loader__ = self.loader
+        self.loader.exec_module(module)
+        self.callback()
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``callback`` once, right after the module ``name`` is imported."""
+
+    def __init__(self, name: str, callback) -> None:
+        self.name = name
+        self.callback = callback
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ThenCall(spec.loader, self.callback)
+        return spec
+
+
+def install_when_dynamo_loads() -> None:
+    """``install`` now if dynamo is loaded, else right after it is."""
+    if _DYNAMO in sys.modules:
+        install()
+    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(_DYNAMO, install))

@@ -1,0 +1,136 @@
+"""The ``torch.compile`` backend: dynamo graph -> AOTAutograd -> one JAX
+program per FX graph.
+
+AOTAutograd traces the dynamo graph to ATen with the decomposition table of
+``decompositions()``, functionalizes it (mutated inputs come back as extra
+outputs and its runtime copies them into the ``tpu`` tensors, through
+lazytpu's ``copy_``, as eager would write them) and partitions the joint
+graph into a forward and a backward graph. Each FX graph becomes a
+``GraphProgram``.
+
+Note [Graphs that cannot lower]: an FX node with no lowering (Note [FX node
+resolution]) fails at compile time, naming the op and the node; with
+``LAZYTPU_CPU_FALLBACK`` on (the default) the graph instead runs as eager
+does: op by op through lazytpu's dispatcher in the current mode, which
+decomposes the op or runs it on CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+from torch._decomp import core_aten_decompositions, decomposition_table
+from torch._functorch.aot_autograd import aot_module_simplified
+
+from lazytpu import _caches, _config
+from lazytpu.compile.fx_lowering import GraphProgram, lowerable, missing_ops
+from lazytpu.dispatch import run_foreach
+
+__all__ = ["backend", "decompositions"]
+
+_TABLE: dict = {}
+_caches.register("compile_decompositions", _TABLE.clear)
+
+
+def _foreach_decomposition(op):
+    """``_foreach_op`` as one element op per list entry (as eager runs it)."""
+
+    def decompose(*args, **kwargs):
+        out = run_foreach(op, args, kwargs)
+        return NotImplemented if out is None else out
+
+    return decompose
+
+
+def decompositions() -> dict:
+    """The decomposition table AOTAutograd traces with.
+
+    torch's core-ATen table, plus torch's ATen-level decompositions and the
+    per-element form of ``_foreach_*`` ops, for every op that has no lowering
+    rule; an op with a rule is never decomposed (its rule is the better
+    program).
+    """
+    if not _TABLE:
+        table = dict(core_aten_decompositions())
+        for op, fn in decomposition_table.items():
+            if op not in table and not fn.__module__.startswith("torch._refs"):
+                table[op] = fn
+        for name in dir(torch.ops.aten):
+            if name.startswith("_foreach_") and not name.endswith("_"):
+                packet = getattr(torch.ops.aten, name)
+                for overload in packet.overloads():
+                    op = getattr(packet, overload)
+                    if "out" not in overload:
+                        table.setdefault(op, _foreach_decomposition(op))
+        _TABLE.update({op: fn for op, fn in table.items() if lowerable(op) is None})
+    return _TABLE
+
+
+def _frame_id():
+    from torch._guards import CompileContext
+
+    compile_id = CompileContext.current_compile_id()
+    return None if compile_id is None else compile_id.frame_id
+
+
+class _Eager:
+    """An FX graph run op by op through lazytpu's dispatcher (Note [Graphs
+    that cannot lower])."""
+
+    _boxed_call = True
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        self.gm = gm
+
+    @torch.compiler.disable  # Note [Dynamo hooks], 3: runs eagerly, nothing here to capture
+    def __call__(self, args: list):
+        values = list(args)
+        args.clear()
+        return self.gm(*values)
+
+
+def _compile_graph(gm: torch.fx.GraphModule, example_inputs, *, name: str, frame):
+    missing = missing_ops(gm)
+    if missing:
+        listed = ", ".join(f"{op} (FX node {node!r})" for op, node in missing)
+        if not _config.CPU_FALLBACK.get():
+            raise NotImplementedError(
+                f"lazytpu.compile: the {name} graph has no lowering for {listed}; "
+                "set LAZYTPU_CPU_FALLBACK=1 to run such graphs op by op"
+            )
+        warnings.warn(f"lazytpu.compile: the {name} graph has no lowering for {listed}; it runs op by op", stacklevel=2)
+        return _Eager(gm)
+    return GraphProgram(gm, example_inputs, name=name, family=(frame, name))
+
+
+def _on_tpu(example_inputs) -> bool:
+    return any(isinstance(x, torch.Tensor) and x.device.type == "tpu" for x in example_inputs)
+
+
+def backend(gm: torch.fx.GraphModule, example_inputs):
+    """The ``torch.compile`` backend ``"tpu"`` (also ``"lazytpu"``).
+
+    Args:
+        gm: the graph dynamo captured.
+        example_inputs: its fake inputs.
+
+    Returns:
+        A callable running the forward (and, through autograd, the backward)
+        as compiled programs; a graph with no ``tpu`` tensor runs as captured.
+    """
+    if not _on_tpu(example_inputs):
+        return gm.forward
+    frame = _frame_id()
+    compilers = {
+        kind: functools.partial(_compile_graph, name=kind, frame=frame) for kind in ("forward", "backward", "inference")
+    }
+    return aot_module_simplified(
+        gm,
+        example_inputs,
+        fw_compiler=compilers["forward"],
+        bw_compiler=compilers["backward"],
+        inference_compiler=compilers["inference"],
+        decompositions=decompositions(),
+    )
