@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test fuzz lint venv clean bench
+.PHONY: demo test fuzz lint venv clean bench notebooks
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ fuzz: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python -m benchmarks
+
+# Execute every notebook (tests/test_notebooks.py); executed copies, outputs included, go to notebooks/_build/.
+# Notebook 03 renders its graph when Graphviz's `dot` is installed and prints the DOT text otherwise.
+notebooks: $(STAMP)
+	NOTEBOOKS_OUT=notebooks/_build $(BIN)/python -m pytest -q tests/test_notebooks.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check lazytpu tests examples
