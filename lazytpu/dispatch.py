@@ -471,26 +471,34 @@ def _functional_of(func):
 
 
 def _call_functional(func, functional, args, kwargs):
-    """Call ``functional`` with ``func``'s arguments, defaults included (an
-    in-place op may default what its functional form requires)."""
-    bound = {}
+    """Call ``functional`` with ``func``'s arguments, plus the defaults of
+    ``func`` for arguments the functional form requires (``bernoulli_(p=0.5)``
+    has a default that ``bernoulli.p`` lacks)."""
+    given = {}
+    defaults = {}
     for i, a in enumerate(func._schema.arguments):
         if a.kwarg_only and a.alias_info is not None:
             continue  # out=
         if i < len(args) and not a.kwarg_only:
-            bound[a.name] = args[i]
+            given[a.name] = args[i]
         elif a.name in kwargs:
-            bound[a.name] = kwargs[a.name]
+            given[a.name] = kwargs[a.name]
         elif a.has_default_value():
-            bound[a.name] = a.default_value
+            defaults[a.name] = a.default_value
     call_args, call_kwargs = [], {}
+    positional = True  # until an argument is skipped, the rest can stay positional
     for a in functional._schema.arguments:
-        if a.name not in bound:
-            continue
-        if a.kwarg_only:
-            call_kwargs[a.name] = bound[a.name]
+        if a.name in given:
+            value = given[a.name]
+        elif a.name in defaults and not a.has_default_value():
+            value = defaults[a.name]
         else:
-            call_args.append(bound[a.name])
+            positional = False
+            continue
+        if positional and not a.kwarg_only:
+            call_args.append(value)
+        else:
+            call_kwargs[a.name] = value
     return dispatch(functional, tuple(call_args), call_kwargs)
 
 

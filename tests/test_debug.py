@@ -58,7 +58,8 @@ def test_recompile_log_on_stderr():
 
 
 def test_no_source_lines_when_debugging_is_off():
-    x = torch.ones(2).to("tpu") + 1
+    with _config.DEBUG.override(frozenset()):
+        x = torch.ones(2).to("tpu") + 1
     assert x._lt_storage.value.node.source is None
     with _config.DEBUG.override(frozenset({"sources"})):
         y = torch.ones(2).to("tpu") + 1

@@ -68,7 +68,6 @@ def test_constant_factory_matches_cpu(name, size, dtype, eager_mode):
     compare_factory(lambda d: FACTORIES[name](size, dtype, d), eager_mode)
 
 
-@pytest.mark.xfail(strict=True, reason="core: fill_.Tensor is mapped to fill.Scalar (overloads matched by name)")
 def test_fill_with_tensor(eager_mode):
     compare_factory(lambda d: torch.ones(2, 3, device=d).fill_(torch.ones((), device=d) * 3), eager_mode)
 
@@ -133,7 +132,6 @@ def test_linspace_logspace_rules_match_cpu(args, dtype):
         assert_close(torch.from_numpy(actual), expected)
 
 
-@pytest.mark.xfail(strict=True, reason="core: linspace.out is mapped to linspace.Tensor_Tensor, so it falls back")
 def test_linspace_on_device(eager_mode):
     compare_factory(lambda d: torch.linspace(0, 1, 5, device=d), eager_mode)
 
@@ -256,7 +254,6 @@ def test_seeded_values_do_not_depend_on_mode():
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 
-@pytest.mark.xfail(strict=True, reason="core: bernoulli_'s default p is not passed on to bernoulli.p")
 def test_bernoulli_default_p(eager_mode):
     with mode(eager_mode):
         out = torch.zeros(N, device="tpu").bernoulli_().cpu()

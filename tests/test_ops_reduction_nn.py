@@ -185,18 +185,9 @@ def test_reduction(name, data):
 
 
 # Ops whose meta kernel accepts an empty input that CPU torch rejects (IndexError
-# from max.dim, RuntimeError from max.default): on tpu the error only comes when
-# the program is lowered, as a LoweringError. Fixing this needs a check at
-# record time (lazytpu.dispatch).
-EMPTY_ERROR_TYPE_GAPS = {
-    "max": "torch's meta max.dim/max.default do not reject an empty reduction",
-    "min": "torch's meta min.dim/min.default do not reject an empty reduction",
-}
-
-
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.xfail(reason=r, strict=True)) for n, r in EMPTY_ERROR_TYPE_GAPS.items()]
-)
+# from max.dim): lazytpu re-checks empty calls on CPU when it records them
+# (Note [Kernel checks] in lazytpu.dispatch), so the error comes at the call.
+@pytest.mark.parametrize("name", ["max", "min"])
 def test_empty_reduction_error_type(name, eager_mode):
     assert tpu_error(lambda t: REDUCTIONS[name].fn(t, 0, False), torch.empty(0), mode_name=eager_mode) is IndexError
 
@@ -340,13 +331,9 @@ def test_loss_or_layer(name, data):
     check(fn, *inputs, mode_name=mode_name, grad=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ZeroDivisionError,
-    reason="torch's meta mse_loss_backward divides by numel(); CPU returns an empty grad (lazytpu.dispatch "
-    "re-raises the meta error). Through autograd the error aborts the process (PythonDeviceGuard).",
-)
 def test_empty_mse_loss_backward():
+    """torch's meta mse_loss_backward divides by numel(); CPU returns an empty
+    grad, and CPU semantics win (the call runs where the data is)."""
     x, grad = torch.empty(0), torch.tensor(1.0)
     expected = torch.ops.aten.mse_loss_backward(grad, x, x, 1)
     actual = torch.ops.aten.mse_loss_backward(grad.to("tpu"), x.to("tpu"), x.to("tpu"), 1)
