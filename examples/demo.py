@@ -61,12 +61,16 @@ def main() -> None:
     print(f"lazytpu {lazytpu.__version__} on {torch.tpu.get_device_name()}")
     results = [train("strict"), train("defer")]
     print()
-    print(f"{'mode':<8} {'first step':>11} {'median step':>12} {'compiled':>9} {'after warm-up':>14} "
-          f"{'programs/step':>14} {'loss':>16}")
+    print(
+        f"{'mode':<8} {'first step':>11} {'median step':>12} {'compiled':>9} {'after warm-up':>14} "
+        f"{'programs/step':>14} {'loss':>16}"
+    )
     for r in results:
-        print(f"{r['mode']:<8} {r['first_step_s']:>10.2f}s {r['median_step_ms']:>10.2f}ms {r['programs_compiled']:>9} "
-              f"{r['compiled_after_warmup']:>14} {r['programs_per_step']:>14.1f} "
-              f"{r['loss_first']:>7.3f}->{r['loss_last']:.3f}")
+        print(
+            f"{r['mode']:<8} {r['first_step_s']:>10.2f}s {r['median_step_ms']:>10.2f}ms {r['programs_compiled']:>9} "
+            f"{r['compiled_after_warmup']:>14} {r['programs_per_step']:>14.1f} "
+            f"{r['loss_first']:>7.3f}->{r['loss_last']:.3f}"
+        )
     strict, defer = results
     print(f"\ndefer is {strict['median_step_ms'] / defer['median_step_ms']:.1f}x faster than strict per step\n")
     print("metrics of the defer run:")

@@ -59,31 +59,69 @@ class Flag:
 
 _lock = threading.Lock()
 
-CPU_FALLBACK = Flag("LAZYTPU_CPU_FALLBACK", True, _parse_bool,
-                    "Run ops with no lowering on CPU torch (0: raise NotImplementedError).")
-PLATFORM = Flag("LAZYTPU_PLATFORM", None, lambda n, r: r.strip().lower(),
-                "PJRT platform: tpu, gpu or cpu (default: the best present).")
-EAGER_MODE = Flag("TORCHTPU_EAGER_MODE", None, lambda n, r: r.strip().lower(),
-                  "Execution mode at import: defer (default), strict or strict-blocking.")
-DEFER_AND_FUSE = Flag("TORCH_TPU_DEFER_AND_FUSE", None, _parse_bool,
-                      "TorchTPU's alias: 1 selects defer, 0 selects strict.")
+CPU_FALLBACK = Flag(
+    "LAZYTPU_CPU_FALLBACK", True, _parse_bool, "Run ops with no lowering on CPU torch (0: raise NotImplementedError)."
+)
+PLATFORM = Flag(
+    "LAZYTPU_PLATFORM",
+    None,
+    lambda n, r: r.strip().lower(),
+    "PJRT platform: tpu, gpu or cpu (default: the best present).",
+)
+EAGER_MODE = Flag(
+    "TORCHTPU_EAGER_MODE",
+    None,
+    lambda n, r: r.strip().lower(),
+    "Execution mode at import: defer (default), strict or strict-blocking.",
+)
+DEFER_AND_FUSE = Flag(
+    "TORCH_TPU_DEFER_AND_FUSE", None, _parse_bool, "TorchTPU's alias: 1 selects defer, 0 selects strict."
+)
 
-SYNC_ON_OPTIMIZER_STEP = Flag("LAZYTPU_SYNC_ON_OPTIMIZER_STEP", True, _parse_bool,
-                              "End of optimizer.step() on tpu parameters is a sync point (0: off).")
-MAX_PENDING_OPS = Flag("LAZYTPU_MAX_PENDING_OPS", 20000, _parse_int,
-                       "Sync when this many ops are pending (bounds memory in loops that never sync).")
+SYNC_ON_OPTIMIZER_STEP = Flag(
+    "LAZYTPU_SYNC_ON_OPTIMIZER_STEP",
+    True,
+    _parse_bool,
+    "End of optimizer.step() on tpu parameters is a sync point (0: off).",
+)
+MAX_PENDING_OPS = Flag(
+    "LAZYTPU_MAX_PENDING_OPS",
+    20000,
+    _parse_int,
+    "Sync when this many ops are pending (bounds memory in loops that never sync).",
+)
 
-CACHE_DIR = Flag("LAZYTPU_CACHE_DIR", None, lambda n, r: r,
-                 "Directory of the persistent compile cache (default ~/.cache/lazytpu; 'off' disables).")
+CACHE_DIR = Flag(
+    "LAZYTPU_CACHE_DIR",
+    None,
+    lambda n, r: r,
+    "Directory of the persistent compile cache (default ~/.cache/lazytpu; 'off' disables).",
+)
 
-DEBUG = Flag("LAZYTPU_DEBUG", frozenset(), lambda n, r: frozenset(p.strip() for p in r.split(",") if p.strip()),
-             "Comma list: 'recompile' logs why each recompile happened to stderr; 'sources' records user "
-             "file:line per op.")
-DUMP_DIR = Flag("LAZYTPU_DUMP_DIR", None, lambda n, r: r,
-                "Write each compiled program's IR and StableHLO text here, named by its key.")
+DEBUG = Flag(
+    "LAZYTPU_DEBUG",
+    frozenset(),
+    lambda n, r: frozenset(p.strip() for p in r.split(",") if p.strip()),
+    "Comma list: 'recompile' logs why each recompile happened to stderr; 'sources' records user file:line per op.",
+)
+DUMP_DIR = Flag(
+    "LAZYTPU_DUMP_DIR",
+    None,
+    lambda n, r: r,
+    "Write each compiled program's IR and StableHLO text here, named by its key.",
+)
 
-FLAGS: tuple[Flag, ...] = (CPU_FALLBACK, PLATFORM, EAGER_MODE, DEFER_AND_FUSE, SYNC_ON_OPTIMIZER_STEP,
-                           MAX_PENDING_OPS, CACHE_DIR, DEBUG, DUMP_DIR)
+FLAGS: tuple[Flag, ...] = (
+    CPU_FALLBACK,
+    PLATFORM,
+    EAGER_MODE,
+    DEFER_AND_FUSE,
+    SYNC_ON_OPTIMIZER_STEP,
+    MAX_PENDING_OPS,
+    CACHE_DIR,
+    DEBUG,
+    DUMP_DIR,
+)
 
 
 def load_all() -> None:

@@ -176,20 +176,30 @@ def _differences(old, new) -> list[tuple[str, str]]:
     out = []
     if _signature(old) == _signature(new):
         if len(old.input_kinds) != len(new.input_kinds):
-            out.append(("inputs differ", f"{len(old.input_kinds)} -> {len(new.input_kinds)} inputs "
-                        "(which tensors are the same buffer changed)"))
+            out.append(
+                (
+                    "inputs differ",
+                    f"{len(old.input_kinds)} -> {len(new.input_kinds)} inputs "
+                    "(which tensors are the same buffer changed)",
+                )
+            )
         for i, (a, b) in enumerate(zip(old.input_kinds, new.input_kinds)):
             if a != b:
-                what = ("shape" if getattr(a, "dtype", None) == getattr(b, "dtype", None) else "dtype")
+                what = "shape" if getattr(a, "dtype", None) == getattr(b, "dtype", None) else "dtype"
                 out.append((f"input {what} changed", f"input %in{i} ({_first_use(new, i)}): {_kind(a)} -> {_kind(b)}"))
         for j, (a, b) in enumerate(zip(old.ops, new.ops)):
             if a.spec != b.spec:
                 where = f" at {b.source}" if b.source else ""
-                out.append(("static argument changed",
-                            f"%{j} {b.op}{where}: [{_static(a.spec)}] -> [{_static(b.spec)}]"))
+                out.append(
+                    ("static argument changed", f"%{j} {b.op}{where}: [{_static(a.spec)}] -> [{_static(b.spec)}]")
+                )
             elif a.inputs != b.inputs:
-                out.append(("operands changed", f"%{j} {b.op}: ({', '.join(map(_ref, a.inputs))}) -> "
-                            f"({', '.join(map(_ref, b.inputs))})"))
+                out.append(
+                    (
+                        "operands changed",
+                        f"%{j} {b.op}: ({', '.join(map(_ref, a.inputs))}) -> ({', '.join(map(_ref, b.inputs))})",
+                    )
+                )
         if not out and old.outputs != new.outputs:
             out.append(("outputs changed", "a different set of live tensors was materialized"))
         return out
@@ -234,8 +244,10 @@ def observe_compile(program, lowered) -> None:
     shown = [f"  - {reason}: {detail}" for reason, detail in diffs[:_SHOWN]]
     if len(diffs) > _SHOWN:
         shown.append(f"  ... and {len(diffs) - _SHOWN} more differences (mostly consequences of the first)")
-    text = (f"lazytpu: compiling program #{number} ({len(program.ops)} ops); closest earlier program is #{n} "
-            f"({len(old.ops)} ops):\n" + "\n".join(shown))
+    text = (
+        f"lazytpu: compiling program #{number} ({len(program.ops)} ops); closest earlier program is #{n} "
+        f"({len(old.ops)} ops):\n" + "\n".join(shown)
+    )
     with _HISTORY.lock:
         _HISTORY.explanations.append(text)
     if "recompile" in _config.DEBUG.value:

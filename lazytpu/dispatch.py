@@ -24,7 +24,6 @@ import torch
 from torch._decomp import decomposition_table
 
 from lazytpu import _caches, _config, debug, hostio, metrics
-from lazytpu.engine import RNG_AVAL, context
 from lazytpu.aliasing import (
     contiguous_strides,
     new_tensor,
@@ -35,6 +34,7 @@ from lazytpu.aliasing import (
     write,
     write_value,
 )
+from lazytpu.engine import RNG_AVAL, context
 from lazytpu.ir import Failed, Node, Output, Scalar
 from lazytpu.ir.template import Slot, Template, fill, flatten
 from lazytpu.lowering import get_rule
@@ -47,9 +47,7 @@ aten = torch.ops.aten
 _HANDLERS: dict = {}
 
 # torch's decompositions to ATen (not the _refs ones, which produce prims).
-_DECOMPOSITIONS = {
-    op: fn for op, fn in decomposition_table.items() if not fn.__module__.startswith("torch._refs")
-}
+_DECOMPOSITIONS = {op: fn for op, fn in decomposition_table.items() if not fn.__module__.startswith("torch._refs")}
 
 
 def handles(*ops):
@@ -308,7 +306,8 @@ def record(func, args, kwargs, rule):
     ctx = context(index)
     with ctx.graph.lock:
         inputs = [
-            (v._lt_storage.value if v._lt_window is None else read(v)) if type(v) is LazyTensor
+            (v._lt_storage.value if v._lt_window is None else read(v))
+            if type(v) is LazyTensor
             else _input_value(v, index)
             for v in values
         ]
@@ -503,7 +502,9 @@ def _call_functional(func, functional, args, kwargs):
 
 
 def _out_args(func) -> list[str]:
-    return [a.name for a in func._schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+    return [
+        a.name for a in func._schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
+    ]
 
 
 def _is_inplace(func) -> bool:
@@ -541,9 +542,7 @@ _caches.register("fallback_warnings", _WARNED.clear)
 def cpu_fallback(func, args, kwargs):
     """Run ``func`` on CPU torch; copy mutated inputs and results back."""
     if not _config.CPU_FALLBACK.get():
-        raise NotImplementedError(
-            f"lazytpu: no lowering for {func} and CPU fallback is off (LAZYTPU_CPU_FALLBACK=0)"
-        )
+        raise NotImplementedError(f"lazytpu: no lowering for {func} and CPU fallback is off (LAZYTPU_CPU_FALLBACK=0)")
     name = str(func)
     metrics.count("cpu_fallbacks", name)
     if name not in _WARNED:
@@ -594,13 +593,19 @@ def _map_tensors(x, kind, fn):
 # -- foreach -------------------------------------------------------------------
 
 _FOREACH_ELEMENT = {"norm": aten.linalg_vector_norm.default}
-_OVERLOAD_ELEMENT = {"List": ("Tensor", "default"), "ScalarList": ("Scalar", "default"), "Tensor": ("Tensor", "default"),
-                     "Scalar": ("Scalar", "default"), "default": ("default",), "ScalarAndTensor": ("Scalar", "Tensor_Scalar")}
+_OVERLOAD_ELEMENT = {
+    "List": ("Tensor", "default"),
+    "ScalarList": ("Scalar", "default"),
+    "Tensor": ("Tensor", "default"),
+    "Scalar": ("Scalar", "default"),
+    "default": ("default",),
+    "ScalarAndTensor": ("Scalar", "Tensor_Scalar"),
+}
 
 
 @functools.cache
 def _foreach_element_op(func):
-    name = func._schema.name.split("::")[-1][len("_foreach_"):]
+    name = func._schema.name.split("::")[-1][len("_foreach_") :]
     inplace = name.endswith("_")
     base = name[:-1] if inplace else name
     if base in _FOREACH_ELEMENT:

@@ -134,14 +134,19 @@ class DeviceContext:
             program, inputs, distinct = build_program(roots)
             held = self.graph.held_buffers()
             donate = tuple(
-                i for i, (kind, buf) in enumerate(zip(program.input_kinds, inputs))
+                i
+                for i, (kind, buf) in enumerate(zip(program.input_kinds, inputs))
                 if isinstance(kind, Aval) and id(buf) not in held
             )
             blocking = MODE.current is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
             try:
                 outs = runtime.execute(
-                    (program.key, donate), lambda: lower_program(program), inputs,
-                    index=self.index, blocking=blocking, donate=donate,
+                    (program.key, donate),
+                    lambda: lower_program(program),
+                    inputs,
+                    index=self.index,
+                    blocking=blocking,
+                    donate=donate,
                     on_compile=lambda lowered: debug.observe_compile(program, lowered),
                 )
             except Exception as exc:

@@ -1,10 +1,10 @@
 """Counters that explain what lazytpu did: ops, syncs, compiles, transfers.
 
-    >>> import lazytpu
-    >>> lazytpu.metrics.reset()
-    >>> ...  # run some tpu code
-    >>> lazytpu.metrics.snapshot()["programs_compiled"]
-    >>> print(lazytpu.metrics.report())
+>>> import lazytpu
+>>> lazytpu.metrics.reset()
+>>> ...  # run some tpu code
+>>> lazytpu.metrics.snapshot()["programs_compiled"]
+>>> print(lazytpu.metrics.report())
 """
 
 from __future__ import annotations

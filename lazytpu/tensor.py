@@ -72,7 +72,11 @@ class LazyTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, storage, desc: TensorDesc, index: int = 0, is_base: bool | None = None):
         t = torch.Tensor._make_wrapper_subclass(
-            cls, desc.shape, strides=desc.stride, dtype=desc.dtype, device=tpu_device(index),
+            cls,
+            desc.shape,
+            strides=desc.stride,
+            dtype=desc.dtype,
+            device=tpu_device(index),
             storage_offset=desc.offset,
         )
         t._lt_storage = storage
@@ -122,7 +126,7 @@ class LazyTensor(torch.Tensor):
         plain = _str(host)
         contents = _tensor_str(host, len("tensor("))
         head = "tensor(" + contents
-        rest = plain[len(head):-1] if plain.startswith(head) else ""
+        rest = plain[len(head) : -1] if plain.startswith(head) else ""
         suffix = f", device='{self.device}'" + rest
         if self.grad_fn is not None:
             suffix += f", grad_fn=<{type(self.grad_fn).__name__}>"

@@ -21,7 +21,7 @@ __all__ = [
     "EagerMode",
     "current_device",
     "device_count",
-    "eager_mode",
+    "eager_mode",  # noqa: F822 - a property of the module (see _TpuModule)
     "get_amp_supported_dtype",
     "get_device_name",
     "get_device_properties",
@@ -125,8 +125,9 @@ def get_device_name(device=None) -> str:
 
 def get_device_properties(device=None) -> types.SimpleNamespace:
     d = runtime.device(_index(device))
-    return types.SimpleNamespace(name=get_device_name(device), platform=runtime.platform_name(),
-                                 device_kind=d.device_kind, index=_index(device))
+    return types.SimpleNamespace(
+        name=get_device_name(device), platform=runtime.platform_name(), device_kind=d.device_kind, index=_index(device)
+    )
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:

@@ -17,7 +17,10 @@ import torch
 import lazytpu
 
 hypothesis.settings.register_profile(
-    "ci", max_examples=25, deadline=None, derandomize=True,
+    "ci",
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
     suppress_health_check=[hypothesis.HealthCheck.too_slow, hypothesis.HealthCheck.data_too_large],
 )
 hypothesis.settings.load_profile("ci")
@@ -83,17 +86,20 @@ def run_both(fn, *inputs, mode_name: str = "defer", grad: bool = False, **tol):
     With ``grad=True`` the sum of the (float) outputs is back-propagated and
     the inputs' gradients are compared too.
     """
-    cpu_inputs = [x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
-                  for x in inputs]
+    cpu_inputs = [
+        x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x for x in inputs
+    ]
     expected = fn(*cpu_inputs)
     with mode(mode_name):
         tpu_inputs = [to_tpu(x) for x in inputs]
         actual = fn(*tpu_inputs)
         assert_close(to_cpu(actual), to_cpu(expected), **tol)
         if grad:
+
             def total(out):
                 outs = out if isinstance(out, (list, tuple)) else [out]
                 return sum(o.float().sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad)
+
             total(expected).backward()
             total(actual).backward()
             for c, t in zip(cpu_inputs, tpu_inputs):

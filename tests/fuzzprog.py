@@ -128,8 +128,21 @@ def _w_t_(t, o, a):
         t.t_()
 
 
-WRITES = [_w_add, _w_mul, _w_zero, _w_fill, _w_clamp, _w_copy, _w_setitem_int, _w_setitem_slice, _w_setitem_mask,
-          _w_setitem_index, _w_add_tensor, _w_index_add, _w_t_]
+WRITES = [
+    _w_add,
+    _w_mul,
+    _w_zero,
+    _w_fill,
+    _w_clamp,
+    _w_copy,
+    _w_setitem_int,
+    _w_setitem_slice,
+    _w_setitem_mask,
+    _w_setitem_index,
+    _w_add_tensor,
+    _w_index_add,
+    _w_t_,
+]
 
 # -- new tensors ----------------------------------------------------------------
 

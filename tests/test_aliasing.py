@@ -124,9 +124,18 @@ def _out_variants(d):
 
 
 CASES = [
-    _views_then_base_write, _write_through_slice, _setitem_forms, _chained_views, _detach_and_data,
-    _inplace_view_methods, _diagonal_unbind_split_chunk_narrow, _expand_and_unfold_reads, _index_ops_inplace,
-    _copy_into_view_with_cast, _as_strided_write, _out_variants,
+    _views_then_base_write,
+    _write_through_slice,
+    _setitem_forms,
+    _chained_views,
+    _detach_and_data,
+    _inplace_view_methods,
+    _diagonal_unbind_split_chunk_narrow,
+    _expand_and_unfold_reads,
+    _index_ops_inplace,
+    _copy_into_view_with_cast,
+    _as_strided_write,
+    _out_variants,
 ]
 
 

@@ -46,11 +46,7 @@ def test_explains_a_different_op_and_a_static_argument():
 
 
 def test_recompile_log_on_stderr():
-    code = (
-        "import torch, lazytpu\n"
-        "for n in (3, 3, 5):\n"
-        "    (torch.ones(n).to('tpu') * 2).cpu()\n"
-    )
+    code = "import torch, lazytpu\nfor n in (3, 3, 5):\n    (torch.ones(n).to('tpu') * 2).cpu()\n"
     env = dict(os.environ, LAZYTPU_DEBUG="recompile")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr

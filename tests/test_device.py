@@ -95,8 +95,16 @@ def test_torch_tpu_module():
     name = torch.tpu.get_device_name()
     assert "cpu" in name.lower() or "gpu" in name.lower() or "tpu" in name.lower()
     torch.tpu.synchronize()
-    assert set(torch.tpu.__all__) >= {"is_available", "device_count", "current_device", "synchronize",
-                                      "manual_seed", "manual_seed_all", "get_device_name", "EagerMode"}
+    assert set(torch.tpu.__all__) >= {
+        "is_available",
+        "device_count",
+        "current_device",
+        "synchronize",
+        "manual_seed",
+        "manual_seed_all",
+        "get_device_name",
+        "EagerMode",
+    }
 
 
 def test_module_to_tpu_trains():

@@ -17,8 +17,13 @@ RAN = {"programs": 0}
 step = st.tuples(st.integers(0, 3), st.integers(0, 50), st.integers(0, 50), st.integers(0, 10_000))
 
 
-@hypothesis.settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("FUZZ_RANDOM"),
-                     database=None, suppress_health_check=list(hypothesis.HealthCheck))
+@hypothesis.settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=not os.environ.get("FUZZ_RANDOM"),
+    database=None,
+    suppress_health_check=list(hypothesis.HealthCheck),
+)
 @hypothesis.given(st.lists(step, min_size=1, max_size=30))
 def test_programs_match_cpu(program):
     expected = run_program(program, "cpu")

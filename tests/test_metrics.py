@@ -7,8 +7,17 @@ import torch
 import lazytpu
 
 KEYS = {
-    "ops_recorded", "syncs", "programs_compiled", "programs_executed", "cache_hits", "cache_misses",
-    "cpu_fallbacks", "compile_seconds", "execute_seconds", "bytes_to_device", "bytes_from_device",
+    "ops_recorded",
+    "syncs",
+    "programs_compiled",
+    "programs_executed",
+    "cache_hits",
+    "cache_misses",
+    "cpu_fallbacks",
+    "compile_seconds",
+    "execute_seconds",
+    "bytes_to_device",
+    "bytes_from_device",
 }
 
 

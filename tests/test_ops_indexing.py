@@ -15,22 +15,38 @@ def _idx(*values):
 
 CASES = {
     "index_rows": (lambda x, i: x[i], lambda: (torch.randn(5, 4, requires_grad=True), _idx(4, 0, -1, 0))),
-    "index_cols_2d": (lambda x, i: x[:, i], lambda: (torch.randn(3, 6, requires_grad=True), _idx([1, 2], [0, -1]))),
+    "index_cols_2d": (
+        lambda x, i: x[:, i],
+        lambda: (torch.randn(3, 6, requires_grad=True), _idx([1, 2], [0, -1])),
+    ),
     "index_two": (lambda x, i: x[i, i.flip(0)], lambda: (torch.randn(4, 4, requires_grad=True), _idx(0, 3, 1))),
-    "gather": (lambda x, i: x.gather(1, i), lambda: (torch.randn(3, 4, requires_grad=True), _idx([0, 3], [1, 1], [2, 0]))),
-    "scatter_src": (lambda x, i: x.scatter(1, i, x[:, :2] * 2),
-                    lambda: (torch.randn(3, 4, requires_grad=True), _idx([0, 3], [1, 2], [2, 0]))),
-    "scatter_add": (lambda x, i: x.scatter_add(0, i, x.new_ones(2, 4)),
-                    lambda: (torch.randn(3, 4, requires_grad=True), _idx([0, 1, 2, 0], [2, 2, 2, 2]))),
-    "index_put_acc": (lambda x, i: x.index_put((i,), x.new_ones(3, 2), accumulate=True),
-                      lambda: (torch.randn(4, 2, requires_grad=True), _idx(1, 1, 3))),
-    "index_copy": (lambda x, i: x.index_copy(0, i, x.new_zeros(2, 3)),
-                   lambda: (torch.randn(4, 3, requires_grad=True), _idx(3, 0))),
+    "gather": (
+        lambda x, i: x.gather(1, i),
+        lambda: (torch.randn(3, 4, requires_grad=True), _idx([0, 3], [1, 1], [2, 0])),
+    ),
+    "scatter_src": (
+        lambda x, i: x.scatter(1, i, x[:, :2] * 2),
+        lambda: (torch.randn(3, 4, requires_grad=True), _idx([0, 3], [1, 2], [2, 0])),
+    ),
+    "scatter_add": (
+        lambda x, i: x.scatter_add(0, i, x.new_ones(2, 4)),
+        lambda: (torch.randn(3, 4, requires_grad=True), _idx([0, 1, 2, 0], [2, 2, 2, 2])),
+    ),
+    "index_put_acc": (
+        lambda x, i: x.index_put((i,), x.new_ones(3, 2), accumulate=True),
+        lambda: (torch.randn(4, 2, requires_grad=True), _idx(1, 1, 3)),
+    ),
+    "index_copy": (
+        lambda x, i: x.index_copy(0, i, x.new_zeros(2, 3)),
+        lambda: (torch.randn(4, 3, requires_grad=True), _idx(3, 0)),
+    ),
     "index_fill": (lambda x, i: x.index_fill(1, i, 2.5), lambda: (torch.randn(2, 5, requires_grad=True), _idx(4, 0))),
     "index_select": (lambda x, i: x.index_select(0, i), lambda: (torch.randn(4, 3, requires_grad=True), _idx(2, 2, 0))),
     "take": (lambda x, i: x.take(i), lambda: (torch.randn(3, 3, requires_grad=True), _idx(0, 8, -2))),
-    "embedding_like": (lambda x, i: torch.nn.functional.embedding(i, x),
-                       lambda: (torch.randn(6, 3, requires_grad=True), _idx([1, 5], [0, 1]))),
+    "embedding_like": (
+        lambda x, i: torch.nn.functional.embedding(i, x),
+        lambda: (torch.randn(6, 3, requires_grad=True), _idx([1, 5], [0, 1])),
+    ),
 }
 
 

@@ -3,8 +3,6 @@ zero_grad both ways, gradient clipping, LR schedulers."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -26,7 +24,9 @@ def _run(device, make_opt, foreach, set_to_none, steps=50):
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).to(device)
     kwargs = {} if foreach is None else {"foreach": foreach}
     opt = make_opt(model.parameters(), **kwargs)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=opt.param_groups[0]["lr"] * 2, total_steps=steps, cycle_momentum=False)
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=opt.param_groups[0]["lr"] * 2, total_steps=steps, cycle_momentum=False
+    )
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(12, 6, generator=gen).to(device), torch.randint(0, 3, (12,), generator=gen).to(device)
     for _ in range(steps):

@@ -26,11 +26,16 @@ class TinyTransformer(torch.nn.Module):
         self.embed = torch.nn.Embedding(vocab, width)
         self.pos = torch.nn.Parameter(torch.randn(seq, width) * 0.02)
         self.blocks = torch.nn.ModuleList(
-            torch.nn.ModuleDict({
-                "ln1": torch.nn.LayerNorm(width), "qkv": torch.nn.Linear(width, 3 * width),
-                "proj": torch.nn.Linear(width, width), "ln2": torch.nn.LayerNorm(width),
-                "fc": torch.nn.Linear(width, 4 * width), "out": torch.nn.Linear(4 * width, width),
-            })
+            torch.nn.ModuleDict(
+                {
+                    "ln1": torch.nn.LayerNorm(width),
+                    "qkv": torch.nn.Linear(width, 3 * width),
+                    "proj": torch.nn.Linear(width, width),
+                    "ln2": torch.nn.LayerNorm(width),
+                    "fc": torch.nn.Linear(width, 4 * width),
+                    "out": torch.nn.Linear(4 * width, width),
+                }
+            )
             for _ in range(layers)
         )
         self.head = torch.nn.Linear(width, vocab)

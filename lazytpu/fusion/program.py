@@ -88,8 +88,9 @@ def build_program(roots: list[Output]) -> tuple[Program, list, list[Output]]:
                 inputs.append(v.value)
                 kinds.append(v.kind)
             elif kind is Failed:
-                raise RuntimeError(f"lazytpu: an input of {node.op} could not be computed earlier: "
-                                   f"{v.error}") from v.error
+                raise RuntimeError(
+                    f"lazytpu: an input of {node.op} could not be computed earlier: {v.error}"
+                ) from v.error
             else:
                 raise TypeError(f"bad IR input {v!r}")
         refs = tuple(refs)

@@ -8,7 +8,7 @@ computed once, when it is made; the fusion stage builds program keys from it.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 import attrs
 import torch
@@ -102,5 +102,4 @@ class Output:
         return self.node.out_avals[self.index]
 
 
-Value = Union[Output, Data, Scalar, Failed]
-
+Value = Output | Data | Scalar | Failed

@@ -53,11 +53,11 @@ def _put_masked(x, p, mask, values, accumulate):
     """``x[..., mask, ...] = values`` without data-dependent shapes: the k-th
     True position takes ``values``' k-th row (a cumsum gives k)."""
     k = mask.ndim
-    rest = x.shape[p + k:]
+    rest = x.shape[p + k :]
     nd = p + 1 + len(rest)
     v = values.reshape((1,) * (nd - values.ndim) + values.shape)
     if v.shape[p] == 1:
-        v = v.reshape(v.shape[:p] + (1,) * k + v.shape[p + 1:])
+        v = v.reshape(v.shape[:p] + (1,) * k + v.shape[p + 1 :])
     else:
         rank = jnp.clip(jnp.cumsum(mask.reshape(-1)) - 1, 0).reshape(mask.shape)
         v = jnp.take(v, rank, axis=p)
@@ -91,8 +91,9 @@ def gather(x, dim, index, *, sparse_grad=False):
 def _scatter(x, dim, index, src, reduce=None):
     if x.ndim == 0:
         x1 = x.reshape(1)
-        return _scatter(x1, 0, index.reshape(-1), jnp.asarray(src).reshape(-1)[:1] if jnp.ndim(src) else src,
-                        reduce).reshape(())
+        return _scatter(
+            x1, 0, index.reshape(-1), jnp.asarray(src).reshape(-1)[:1] if jnp.ndim(src) else src, reduce
+        ).reshape(())
     dim = dim % x.ndim
     src = jnp.broadcast_to(jnp.asarray(src, x.dtype), index.shape) if jnp.ndim(src) == 0 else src
     if jnp.ndim(src) and src.shape != index.shape:
@@ -132,8 +133,9 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     if reduce == "mean":
         dim = dim % max(x.ndim, 1)
         total = _scatter(x if include_self else jnp.zeros_like(x), dim, index, src, "add")
-        count = _scatter(jnp.ones_like(x) if include_self else jnp.zeros_like(x), dim, index,
-                         jnp.ones(index.shape, x.dtype), "add")
+        count = _scatter(
+            jnp.ones_like(x) if include_self else jnp.zeros_like(x), dim, index, jnp.ones(index.shape, x.dtype), "add"
+        )
         mean = total / jnp.maximum(count, 1)
         out = mean if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.floor_divide(total, jnp.maximum(count, 1))
         return jnp.where(count > 0, out, x)

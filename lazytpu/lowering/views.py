@@ -73,7 +73,7 @@ def _grid(flat, offset, extents):
     need = offset + span
     if need > flat.shape[0]:
         flat = jnp.pad(flat, (0, need - flat.shape[0]))
-    return flat[offset:offset + span].reshape(extents)
+    return flat[offset : offset + span].reshape(extents)
 
 
 def _gather_indices(size, stride, offset) -> np.ndarray:
@@ -121,12 +121,13 @@ def write_window(flat, value, size, stride, offset):
     n = flat.shape[0]
     span = math.prod(extents)
     padded = jnp.pad(flat, (0, max(0, offset + span - n)))
-    grid = padded[offset:offset + span].reshape(extents)
-    ordered = jnp.transpose(value.reshape(tuple(size[d] for d in range(len(size)) if d in dims)),
-                            [sorted(dims).index(d) for d in dims])
+    grid = padded[offset : offset + span].reshape(extents)
+    ordered = jnp.transpose(
+        value.reshape(tuple(size[d] for d in range(len(size)) if d in dims)), [sorted(dims).index(d) for d in dims]
+    )
     index = tuple(slice(0, size[d]) for d in dims) + (0,)
     grid = grid.at[index].set(ordered)
-    padded = padded.at[offset:offset + span].set(grid.reshape(-1))
+    padded = padded.at[offset : offset + span].set(grid.reshape(-1))
     return padded[:n]
 
 

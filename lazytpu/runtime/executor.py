@@ -91,8 +91,13 @@ def cache_info() -> dict:
     and bytes."""
     disk_entries, disk_bytes = persistent.disk_usage()
     with _CACHE.lock:
-        return {"entries": len(_CACHE.entries), "hits": _CACHE.hits, "misses": _CACHE.misses,
-                "disk_entries": disk_entries, "bytes": disk_bytes}
+        return {
+            "entries": len(_CACHE.entries),
+            "hits": _CACHE.hits,
+            "misses": _CACHE.misses,
+            "disk_entries": disk_entries,
+            "bytes": disk_bytes,
+        }
 
 
 def clear_caches(disk: bool = False) -> None:

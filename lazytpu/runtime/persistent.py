@@ -67,7 +67,7 @@ def _load(path: Path, key: str):
         blob = path.read_bytes()
         if not blob.startswith(_MAGIC):
             raise ValueError("bad header")
-        header, payload = blob[len(_MAGIC):len(_MAGIC) + 129], blob[len(_MAGIC) + 129:]
+        header, payload = blob[len(_MAGIC) : len(_MAGIC) + 129], blob[len(_MAGIC) + 129 :]
         entry_key, digest = header[:64].decode(), header[65:129].decode()
         if entry_key != key:
             raise ValueError("key mismatch")
