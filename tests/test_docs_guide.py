@@ -138,3 +138,10 @@ def test_readme_links_every_guide_page():
     readme_links = {(ROOT / link.split("#")[0]).resolve() for link in _links(ROOT / "README.md")}
     for name in GUIDE_PAGES:
         assert (DOCS / name).resolve() in readme_links, f"README.md does not link docs/{name}"
+
+
+def test_every_metrics_counter_is_described():
+    text = _read("debugging.md")
+    described = {name for line in text.splitlines() if line.startswith("| `") for name in re.findall(r"`(\w+)`", line)}
+    counters = set(lazytpu.metrics.snapshot())
+    assert counters <= described, f"counters missing from the table in docs/debugging.md: {counters - described}"
