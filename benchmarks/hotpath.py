@@ -1,0 +1,89 @@
+"""Where the microseconds of one recorded op go (issue 5, hot path).
+
+    python -m benchmarks.hotpath
+
+Prints the per-op recording cost of a defer-mode loop (cache hit: the
+program and every call signature are already known), the floor torch itself
+imposes on any ``__torch_dispatch__`` subclass (dispatch round trip plus
+wrapper allocation), and the cost of each step of lazytpu's record path.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import timeit
+
+import torch
+
+import lazytpu
+from lazytpu import aliasing, dispatch
+from lazytpu.ir import Node, Output
+
+N = 20_000
+
+
+class _Floor(torch.Tensor):
+    """The cheapest possible tpu subclass: allocate a wrapper, nothing else."""
+
+    @staticmethod
+    def __new__(cls, shape, dtype):
+        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=torch.device("tpu", 0))
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _Floor(args[0].shape, args[0].dtype)
+
+
+def _per_op(fn, ops_per_call: int, repeats: int = 7) -> float:
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) / ops_per_call * 1e6)
+        lazytpu.sync()
+    return statistics.median(samples)
+
+
+def main() -> None:
+    x, y = torch.randn(16, 16, device="tpu"), torch.randn(16, 16, device="tpu")
+    lazytpu.sync()
+
+    def loop():
+        z = x
+        for _ in range(500):
+            z = z * y + 1.0
+
+    loop()
+    lazytpu.sync()
+    print(f"recorded op, defer loop (cache hit):  {_per_op(loop, 1000):6.2f} us/op")
+    fx, fy = _Floor((16, 16), torch.float32), _Floor((16, 16), torch.float32)
+
+    def floor_loop():
+        z = fx
+        for _ in range(500):
+            z = z * fy + 1.0
+
+    print(f"torch floor (dispatch + wrapper):     {_per_op(floor_loop, 1000):6.2f} us/op")
+    func = torch.ops.aten.mul.Tensor
+    key, values = dispatch._signature(func, (x, y), {})
+    x * y  # make sure the plan exists
+    plan = dispatch._PLANS[key]
+    inputs = tuple(v._lt_storage.value for v in values)
+    node = Node(func, plan.template, inputs, plan.out_avals, None, plan.static)
+    steps = {
+        "call signature (plan key)": lambda: dispatch._signature(func, (x, y), {}),
+        "plan lookup": lambda: dispatch._PLANS.get(key),
+        "node": lambda: Node(func, plan.template, inputs, plan.out_avals, None, plan.static),
+        "output tensor (storage + wrapper)": lambda: aliasing.new_tensor_of(Output(node, 0), plan.descs[0], 0),
+        "dispatch() total": lambda: dispatch.dispatch(func, (x, y), {}),
+    }
+    for name, fn in steps.items():
+        print(f"  {name:<34s} {timeit.timeit(fn, number=N) / N * 1e6:6.2f} us")
+    lazytpu.sync()
+
+
+if __name__ == "__main__":
+    main()
