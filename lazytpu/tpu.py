@@ -5,10 +5,8 @@ Names follow TorchTPU's ``torch.tpu`` so code written for it runs here.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import types
-from collections.abc import Iterator
 
 import jax
 import numpy as np
@@ -134,16 +132,26 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
     return [torch.bfloat16, torch.float16]
 
 
-@contextlib.contextmanager
-def set_eager_mode(mode) -> Iterator[None]:
-    """Context manager: run the block in ``mode`` (an ``EagerMode`` or its name).
+class set_eager_mode:  # noqa: N801 - named as TorchTPU's function
+    """Set the eager mode; as a context manager, only for the block.
+
+    Like ``torch.set_grad_enabled``: ``torch.tpu.set_eager_mode("strict")``
+    switches now; ``with torch.tpu.set_eager_mode(...):`` switches back after.
 
     Example:
         >>> with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER):
         ...     y = x + 1  # runs now, as its own program
     """
-    with engine.MODE.scoped(mode):
-        yield
+
+    def __init__(self, mode) -> None:
+        self.previous = engine.MODE.current
+        engine.MODE.set(mode)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> None:
+        engine.MODE.set(self.previous)
 
 
 class _TpuModule(types.ModuleType):

@@ -110,3 +110,12 @@ def test_bad_mode_fails_at_import():
     assert out.returncode != 0
     assert "ValueError" in out.stderr
     assert "defer, strict, strict-blocking" in out.stderr
+
+
+def test_set_eager_mode_as_a_plain_call_switches():
+    try:
+        torch.tpu.set_eager_mode("strict")
+        assert torch.tpu.eager_mode is EagerMode.DEFER_NEVER
+    finally:
+        torch.tpu.set_eager_mode("defer")
+    assert torch.tpu.eager_mode is EagerMode.DEFER_AND_FUSE
