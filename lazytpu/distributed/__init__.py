@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from lazytpu.distributed import functional  # noqa: F401  (handlers of _c10d_functional ops)
 from lazytpu.distributed.process_group import BACKEND, ProcessGroupTPU
 from lazytpu.distributed.runtime import JaxOptions, options
 

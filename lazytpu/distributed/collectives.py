@@ -163,6 +163,12 @@ def scatter(x, *, root: int):
     return _from_bits(lax.psum_scatter(mine, AXIS, scatter_dimension=0, tiled=True), x.dtype)
 
 
+@rule("permute")
+def permute(x, *, pairs: tuple[tuple[int, int], ...]):
+    """Send ``x`` from mesh position ``a`` to ``b`` for each ``(a, b)``; others receive zeros."""
+    return lax.ppermute(x, AXIS, perm=pairs)
+
+
 # -- driver ---------------------------------------------------------------------------
 
 

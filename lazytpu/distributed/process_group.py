@@ -19,6 +19,7 @@ import datetime
 import jax
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
 from torch._C._distributed_c10d import _create_work_from_future
 
 from lazytpu.aliasing import contiguous_strides, new_tensor, write_value
@@ -73,6 +74,12 @@ def _bind(t: LazyTensor, array: jax.Array) -> None:
     if array.shape != tuple(t.shape):
         array = array.reshape(t.shape)
     write_value(t, Data(array, t._lt_desc.aval))
+    base = t._base
+    if base is not None and base.is_complex() and not t.is_complex() and base._lt_storage is not t._lt_storage:
+        # Note [view_as_real]: torch.distributed hands complex tensors to the
+        # group as ``view_as_real`` views, and a tpu ``view_as_real`` does not
+        # share its base's storage: the result is written to the base too.
+        _bind(base, jax.lax.complex(array[..., 0], array[..., 1]))
 
 
 def _done(result) -> dist.Work:
@@ -108,10 +115,26 @@ class ProcessGroupTPU(dist.ProcessGroup):
         super().__init__(rank, size)
         self._rank, self._size, self._ranks = rank, size, ranks
         self._timeout = timeout
+        self._group_name = self._group_desc = ""
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("lazytpu_gloo/", store), rank, size, timeout)
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    # torch keeps a group's name and description on its backends; this group
+    # has none, so it keeps them itself (functional collectives look groups up
+    # by name).
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
 
     def name(self) -> str:
         return BACKEND
@@ -132,7 +155,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     # -- all-reduce -------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        opts = opts or dist.AllreduceOptions()
+        opts = opts or c10d.AllreduceOptions()
         if _on_cpu(tensors):
             return self._gloo.allreduce(tensors, opts)
         op = _op_name(opts.reduceOp)
@@ -142,13 +165,13 @@ class ProcessGroupTPU(dist.ProcessGroup):
         return _done(list(tensors))
 
     def allreduce_coalesced(self, tensors, opts=None):
-        opts = opts or dist.AllreduceCoalescedOptions()
+        opts = opts or c10d.AllreduceCoalescedOptions()
         if _on_cpu(tensors):
             return self._gloo.allreduce_coalesced(tensors, opts)
         return self.allreduce(tensors, _as_allreduce(opts))
 
     def reduce(self, tensors, opts=None):
-        opts = opts or dist.ReduceOptions()
+        opts = opts or c10d.ReduceOptions()
         if _on_cpu(tensors):
             return self._gloo.reduce(tensors, opts)
         op = _op_name(opts.reduceOp)
@@ -160,7 +183,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     # -- broadcast / scatter ------------------------------------------------------
     def broadcast(self, tensors, opts=None):
-        opts = opts or dist.BroadcastOptions()
+        opts = opts or c10d.BroadcastOptions()
         if _on_cpu(tensors):
             return self._gloo.broadcast(tensors, opts)
         for t in tensors:
@@ -169,7 +192,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         return _done(list(tensors))
 
     def scatter(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.ScatterOptions()
+        opts = opts or c10d.ScatterOptions()
         flat_in = [t for ts in input_tensors for t in ts]
         if _on_cpu(list(output_tensors) + flat_in):
             return self._gloo.scatter(output_tensors, input_tensors, opts)
@@ -184,7 +207,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     # -- gathers ----------------------------------------------------------------
     def allgather(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or c10d.AllgatherOptions()
         if _on_cpu(list(input_tensors) + [t for ts in output_tensors for t in ts]):
             return self._gloo.allgather(output_tensors, input_tensors, opts)
         for outs, t in zip(output_tensors, input_tensors):
@@ -194,7 +217,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         return _done(output_tensors)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or c10d.AllgatherOptions()
         if _on_cpu(list(input_list) + [t for ts in output_lists for t in ts]):
             return self._gloo.allgather_coalesced(output_lists, input_list, opts)
         for outs, t in zip(output_lists, input_list):
@@ -203,7 +226,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         return _done(output_lists)
 
     def all_gather_single(self, output, input, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or c10d.AllgatherOptions()
         if _on_cpu([output, input]):
             return self._gloo._allgather_base(output, input, opts)
         if output.numel() != input.numel() * self._size:
@@ -220,7 +243,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         return _done(list(outputs))
 
     def gather(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.GatherOptions()
+        opts = opts or c10d.GatherOptions()
         flat_out = [t for ts in output_tensors for t in ts]
         if _on_cpu(list(input_tensors) + flat_out):
             return self._gloo.gather(output_tensors, input_tensors, opts)
@@ -234,7 +257,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     # -- reduce-scatter -----------------------------------------------------------
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.ReduceScatterOptions()
+        opts = opts or c10d.ReduceScatterOptions()
         if _on_cpu(list(output_tensors) + [t for ts in input_tensors for t in ts]):
             return self._gloo.reduce_scatter(output_tensors, input_tensors, opts)
         op = _op_name(opts.reduceOp)
@@ -246,7 +269,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         return _done(list(output_tensors))
 
     def reduce_scatter_single(self, output, input, opts=None):
-        opts = opts or dist.ReduceScatterOptions()
+        opts = opts or c10d.ReduceScatterOptions()
         if _on_cpu([output, input]):
             return self._gloo._reduce_scatter_base(output, input, opts)
         if input.numel() != output.numel() * self._size:
@@ -268,7 +291,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     # -- all-to-all -------------------------------------------------------------------
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        opts = opts or dist.AllToAllOptions()
+        opts = opts or c10d.AllToAllOptions()
         if _on_cpu([output, input]):
             return self._gloo.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
         if not output_split_sizes and not input_split_sizes:
@@ -301,7 +324,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         return _done([output])
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.AllToAllOptions()
+        opts = opts or c10d.AllToAllOptions()
         if _on_cpu(list(output_tensors) + list(input_tensors)):
             return self._gloo.alltoall(output_tensors, input_tensors, opts)
         flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
@@ -314,6 +337,30 @@ class ProcessGroupTPU(dist.ProcessGroup):
             t.copy_(flat_out[offset : offset + t.numel()].reshape(t.shape))
             offset += t.numel()
         return _done(list(output_tensors))
+
+    # -- point to point ---------------------------------------------------------------
+    def send(self, tensors, dst: int, tag: int = 0):
+        (t,) = tensors
+        if _on_cpu(tensors):
+            return self._gloo.send(tensors, dst, tag)
+        self._permute(t, self._rank, dst)
+        return _done(list(tensors))
+
+    def recv(self, tensors, src: int, tag: int = 0):
+        (t,) = tensors
+        if _on_cpu(tensors):
+            return self._gloo.recv(tensors, src, tag)
+        _bind(t, self._permute(t, src, self._rank))
+        return _done(list(tensors))
+
+    def _permute(self, t, src: int, dst: int) -> jax.Array:
+        """One XLA program on the two processes ``src`` and ``dst`` (group
+        ranks) moving ``src``'s ``t`` to ``dst``."""
+        if src == dst:
+            raise ValueError(f"lazytpu tpu_dist: send/recv of rank {src} to itself")
+        mesh = runtime.mesh((self._ranks[src], self._ranks[dst]), _device_index([t]))
+        (out,) = collectives.run("permute", mesh, _device_arrays([t]), pairs=((0, 1),))
+        return out
 
     # -- barrier ----------------------------------------------------------------------
     def barrier(self, opts=None):
@@ -351,11 +398,11 @@ def _check_list(tensors, size: int, what: str) -> None:
         raise ValueError(f"{what}: expected a list of {size} tensors (the group size), got {len(tensors)}")
 
 
-def _allreduce_opts(op) -> dist.AllreduceOptions:
-    opts = dist.AllreduceOptions()
+def _allreduce_opts(op) -> c10d.AllreduceOptions:
+    opts = c10d.AllreduceOptions()
     opts.reduceOp = op
     return opts
 
 
-def _as_allreduce(opts) -> dist.AllreduceOptions:
+def _as_allreduce(opts) -> c10d.AllreduceOptions:
     return _allreduce_opts(opts.reduceOp)

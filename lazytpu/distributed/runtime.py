@@ -146,6 +146,9 @@ def ensure_started(store, rank: int, world_size: int, timeout: datetime.timedelt
         if world_size > 1:
             _use_process_local_devices()
             _no_disk_cache_across_processes()
+            # Creating JAX's client is itself a rendezvous of every process:
+            # do it here, where all ranks are, not at some rank's first tensor.
+            platform.devices()
         RUNTIME.world_size = world_size
 
 

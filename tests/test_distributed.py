@@ -1,0 +1,580 @@
+"""torch.distributed on ``tpu`` (the ``tpu_dist`` backend): real processes on 127.0.0.1.
+
+Tests launch ranks of this file as a script (``python test_distributed.py JOB``)
+with a torchrun-style environment. Each rank runs the job's sections, checks
+its results against CPU torch and prints ``OK <section>``; a test asserts its
+section passed on every rank. The launcher kills every rank at a deadline, and
+each worker dumps its stacks and exits on its own watchdog, so a hung or dead
+rank fails the test instead of hanging CI.
+"""
+
+from __future__ import annotations
+
+import copy
+import faulthandler
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+WATCHDOG_S = 90  # a worker running longer dumps its stacks and exits
+LAUNCH_TIMEOUT_S = 150  # the launcher kills whatever still runs after this
+GRACE_S = 20  # after one rank fails, the others get this long to fail too
+
+
+# -- launcher (the pytest side) ---------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(scenario: str, world: int = 2, env: dict | None = None, timeout: float = LAUNCH_TIMEOUT_S):
+    """Run ``scenario`` on ``world`` ranks; returns ``[(returncode, output), ...]``.
+
+    A rank still running at the deadline (or ``GRACE_S`` after another rank
+    failed) is killed and reported with return code ``None``.
+    """
+    port = _free_port()
+    procs, logs = [], []
+    for rank in range(world):
+        log = tempfile.TemporaryFile(mode="w+")
+        rank_env = dict(
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(world),
+            PYTHONUNBUFFERED="1",
+            **(env or {}),
+        )
+        procs.append(
+            subprocess.Popen([sys.executable, __file__, scenario], env=rank_env, stdout=log, stderr=subprocess.STDOUT)
+        )
+        logs.append(log)
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        if any(p.poll() not in (None, 0) for p in procs):
+            deadline = min(deadline, time.monotonic() + GRACE_S)
+        time.sleep(0.1)
+    results = []
+    for p, log in zip(procs, logs):
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+            code = None
+        else:
+            code = p.returncode
+        log.seek(0)
+        results.append((code, log.read()))
+        log.close()
+    return results
+
+
+def _report(results) -> str:
+    return "\n".join(f"--- rank {r} (exit {code}) ---\n{out[-6000:]}" for r, (code, out) in enumerate(results))
+
+
+def run_job(job: str, world: int = 2) -> list[tuple[int | None, str]]:
+    """The results of ``job`` (launched once per test session)."""
+    if job not in _RESULTS:
+        _RESULTS[job] = launch(job, world, env=JOBS[job].env)
+    return _RESULTS[job]
+
+
+_RESULTS: dict[str, list] = {}
+
+
+def assert_section(job: str, section: str, ranks=None) -> list[str]:
+    """Every rank of ``job`` (or those in ``ranks``) reported ``section`` OK."""
+    results = run_job(job)
+    for rank, (_, out) in enumerate(results):
+        if ranks is None or rank in ranks:
+            assert f"OK {section}\n" in out, f"section {section!r} of job {job!r} failed:\n" + _report(results)
+    return [out for _, out in results]
+
+
+# -- the tests ----------------------------------------------------------------------------
+# Two jobs share a launch each (starting ranks costs ~15 s on 2 cores):
+# "defer" runs every collective and DDP in defer mode with backend "tpu_dist";
+# "strict" runs in strict mode with "cpu:gloo,tpu:tpu" (the alias) and ends
+# with rank 1 dying.
+
+
+def test_collectives():
+    assert_section("defer", "collectives")
+
+
+def test_functional_collectives_and_subgroups():
+    assert_section("defer", "functional")
+
+
+def test_ddp_mlp_matches_single_process_training():
+    assert_section("defer", "ddp_mlp")
+
+
+def test_ddp_transformer_matches_single_process_training():
+    assert_section("defer", "ddp_transformer")
+
+
+def test_defer_job_exits_cleanly():
+    results = run_job("defer")
+    assert all(code == 0 for code, _ in results), _report(results)
+
+
+def test_mixed_gloo_and_tpu_alias_backend():
+    assert_section("strict", "mixed")
+
+
+def test_collectives_in_strict_mode():
+    assert_section("strict", "strict_collectives")
+
+
+def test_dead_rank_fails_the_survivor_with_a_clear_error():
+    (out, _) = assert_section("strict", "dead_rank", ranks=(0,))
+    assert "survivor saw:" in out and "Connection" in out, out
+    assert run_job("strict")[1][0] == 3  # the rank that died
+
+
+def test_hung_rank_is_stopped_by_its_watchdog():
+    results = run_job("hang")
+    assert all(code not in (0, None) for code, _ in results), _report(results)
+    assert "Timeout" in results[1][1] and "_section_hang" in results[1][1], _report(results)
+
+
+def test_init_after_first_tpu_tensor_raises():
+    assert_section("init_too_late", "init_too_late")
+
+
+def test_many_devices_in_one_process():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [sys.executable, __file__, "devices"], env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S
+    )
+    assert proc.returncode == 0 and "OK devices\n" in proc.stdout, proc.stdout + proc.stderr
+
+
+# -- workers (the rank side) ---------------------------------------------------------------
+
+
+class Job:
+    """Sections run in order in every rank of one launch, after ``setup``.
+
+    Each section prints ``OK <name>`` or its traceback; a failing section does
+    not stop the next (unless it leaves the ranks out of step: the watchdog
+    then ends them).
+    """
+
+    def __init__(self, env: dict, sections: list[Callable], backend: str | None = "tpu_dist") -> None:
+        self.env, self.sections, self.backend = env, sections, backend
+
+
+def _mine(r, shape=(3,), dtype=None):
+    """Rank ``r``'s input: distinct per rank and element."""
+    import torch
+
+    return (torch.arange(torch.Size(shape).numel()).reshape(shape) + 10 * r + 1).to(dtype or torch.float32)
+
+
+def _section_collectives(rank, world):
+    import torch
+    import torch.distributed as dist
+    from torch.testing import assert_close
+
+    mine = _mine
+
+    def on_tpu(t):
+        return t.to("tpu")
+
+    ranks = range(world)
+
+    # all_reduce: every op, sync and async, several dtypes
+    reductions = {
+        dist.ReduceOp.SUM: lambda ts: torch.stack(ts).sum(0),
+        dist.ReduceOp.AVG: lambda ts: torch.stack(ts).mean(0),
+        dist.ReduceOp.MAX: lambda ts: torch.stack(ts).amax(0),
+        dist.ReduceOp.MIN: lambda ts: torch.stack(ts).amin(0),
+        dist.ReduceOp.PRODUCT: lambda ts: torch.stack(ts).prod(0),
+    }
+    for op, expect in reductions.items():
+        for async_op in (False, True):
+            t = on_tpu(mine(rank, (2, 3)))
+            work = dist.all_reduce(t, op=op, async_op=async_op)
+            if async_op:
+                assert work.wait()
+                assert_close(work.get_future().wait()[0].cpu(), expect([mine(r, (2, 3)) for r in ranks]))
+            else:
+                assert work is None
+            assert_close(t.cpu(), expect([mine(r, (2, 3)) for r in ranks]))
+    for dtype in (torch.int64, torch.int32, torch.bfloat16, torch.float64, torch.complex64):
+        t = on_tpu(mine(rank, dtype=dtype))
+        dist.all_reduce(t)
+        assert_close(t.cpu(), sum(mine(r, dtype=dtype) for r in ranks))
+    flags = on_tpu(torch.tensor([rank == 0, False, True]))
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    assert_close(flags.cpu(), torch.tensor([True, False, True]))
+    scalar = on_tpu(torch.tensor(float(rank + 1)))
+    dist.all_reduce(scalar)
+    assert_close(scalar.cpu(), torch.tensor(float(sum(r + 1 for r in ranks))))
+    # in place through a non-contiguous view: the base sees it
+    base = on_tpu(torch.zeros(3, 4) + rank)
+    column = base[:, 1]
+    dist.all_reduce(column)
+    expected = torch.zeros(3, 4) + rank
+    expected[:, 1] = sum(ranks)
+    assert_close(base.cpu(), expected)
+    # pending work feeding a collective, and a collective feeding more work
+    x = on_tpu(mine(rank)) * 2 + 1
+    dist.all_reduce(x)
+    assert_close((x * 3).cpu(), sum(mine(r) * 2 + 1 for r in ranks) * 3)
+
+    # broadcast (from the last rank), several dtypes
+    for dtype in (torch.float32, torch.int64, torch.bool, torch.bfloat16, torch.complex64):
+        t = on_tpu(mine(rank, dtype=dtype))
+        dist.broadcast(t, src=world - 1)
+        assert_close(t.cpu(), mine(world - 1, dtype=dtype))
+    work = dist.broadcast(t := on_tpu(mine(rank)), src=0, async_op=True)
+    work.wait()
+    assert_close(t.cpu(), mine(0))
+
+    # gathers
+    outs = [on_tpu(torch.empty(2, 3)) for _ in ranks]
+    dist.all_gather(outs, on_tpu(mine(rank, (2, 3))))
+    for r, o in zip(ranks, outs):
+        assert_close(o.cpu(), mine(r, (2, 3)))
+    flat = on_tpu(torch.empty(world * 2, 3))
+    dist.all_gather_into_tensor(flat, on_tpu(mine(rank, (2, 3))))
+    assert_close(flat.cpu(), torch.cat([mine(r, (2, 3)) for r in ranks]))
+    stacked = on_tpu(torch.empty(world, 2, 3))
+    dist.all_gather_into_tensor(stacked, on_tpu(mine(rank, (2, 3))), async_op=True).wait()
+    assert_close(stacked.cpu(), torch.stack([mine(r, (2, 3)) for r in ranks]))
+    gathered = [on_tpu(torch.empty(3)) for _ in ranks] if rank == 0 else None
+    dist.gather(on_tpu(mine(rank)), gathered, dst=0)
+    if rank == 0:
+        assert_close(torch.stack([g.cpu() for g in gathered]), torch.stack([mine(r) for r in ranks]))
+    objects = [None] * world
+    dist.all_gather_object(objects, {"rank": rank})
+    assert objects == [{"rank": r} for r in ranks]
+
+    # reduce-scatter
+    for op, expect in (
+        (dist.ReduceOp.SUM, reductions[dist.ReduceOp.SUM]),
+        (dist.ReduceOp.MAX, reductions[dist.ReduceOp.MAX]),
+    ):
+        out = on_tpu(torch.empty(2, 3))
+        dist.reduce_scatter_tensor(out, on_tpu(mine(rank, (world * 2, 3))), op=op)
+        assert_close(out.cpu(), expect([mine(r, (world * 2, 3)) for r in ranks])[rank * 2 : (rank + 1) * 2])
+    out = on_tpu(torch.empty(3))
+    dist.reduce_scatter(out, [on_tpu(mine(rank) * (i + 1)) for i in ranks])
+    assert_close(out.cpu(), sum(mine(r) * (rank + 1) for r in ranks))
+    t = on_tpu(mine(rank))
+    dist.reduce(t, dst=0)
+    assert_close(t.cpu(), sum(mine(r) for r in ranks) if rank == 0 else mine(rank))
+
+    # scatter
+    out = on_tpu(torch.empty(3))
+    dist.scatter(out, [on_tpu(mine(i)) for i in ranks] if rank == world - 1 else None, src=world - 1)
+    assert_close(out.cpu(), mine(rank))
+
+    # all-to-all: equal and uneven splits, and the list form
+    t = on_tpu(mine(rank, (world * 2,)))
+    out = on_tpu(torch.empty(world * 2))
+    dist.all_to_all_single(out, t)
+    assert_close(out.cpu(), torch.cat([mine(r, (world * 2,))[rank * 2 : rank * 2 + 2] for r in ranks]))
+
+    def splits(src):  # rank src sends (src + dst + 1) rows to rank dst
+        return [src + dst + 1 for dst in ranks]
+
+    sent = mine(rank, (sum(splits(rank)), 2))
+    out = on_tpu(torch.empty(sum(splits(r)[rank] for r in ranks), 2))
+    dist.all_to_all_single(out, on_tpu(sent), [splits(r)[rank] for r in ranks], splits(rank))
+    expected = []
+    for r in ranks:
+        rows = mine(r, (sum(splits(r)), 2))
+        start = sum(splits(r)[:rank])
+        expected.append(rows[start : start + splits(r)[rank]])
+    assert_close(out.cpu(), torch.cat(expected))
+    outs = [on_tpu(torch.empty(rank + 1)) for _ in ranks]
+    dist.all_to_all(outs, [on_tpu(torch.full((dst + 1,), float(10 * rank + dst))) for dst in ranks])
+    for r, o in zip(ranks, outs):
+        assert_close(o.cpu(), torch.full((rank + 1,), float(10 * r + rank)))
+
+    # point to point
+    t = on_tpu(mine(rank))
+    if rank == 0:
+        dist.send(t, dst=1)
+    elif rank == 1:
+        dist.recv(t, src=0)
+        assert_close(t.cpu(), mine(0))
+
+
+def _section_functional(rank, world):
+    import torch
+    import torch.distributed as dist
+    from torch.testing import assert_close
+
+    mine, ranks = _mine, range(world)
+
+    def on_tpu(t):
+        return t.to("tpu")
+
+    # functional collectives
+    import torch.distributed._functional_collectives as funcol
+
+    group = dist.group.WORLD
+    t = on_tpu(mine(rank))
+    assert_close(funcol.wait_tensor(funcol.all_reduce(t, "sum", group)).cpu(), sum(mine(r) for r in ranks))
+    assert_close(t.cpu(), mine(rank))  # out of place
+    assert_close(funcol.all_gather_tensor(t, 0, group).cpu(), torch.cat([mine(r) for r in ranks]))
+    rs = funcol.reduce_scatter_tensor(on_tpu(mine(rank, (world * 2,))), "sum", 0, group)
+    assert_close(rs.cpu(), sum(mine(r, (world * 2,)) for r in ranks)[rank * 2 : rank * 2 + 2])
+
+    # a sub-group (every rank, in reverse order) and barrier
+    reverse = dist.new_group(list(reversed(ranks)))
+    t = on_tpu(mine(rank))
+    dist.all_reduce(t, group=reverse)
+    assert_close(t.cpu(), sum(mine(r) for r in ranks))
+    dist.barrier()
+    dist.barrier(group=reverse)
+
+
+def _section_strict_collectives(rank, world):
+    import torch
+    import torch.distributed as dist
+    from torch.testing import assert_close
+
+    assert torch.tpu.eager_mode is torch.tpu.EagerMode.DEFER_NEVER
+    ranks = range(world)
+    t = (_mine(rank) * 2).to("tpu")
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    assert_close(t.cpu(), sum(_mine(r) * 2 for r in ranks) / world)
+    t = _mine(rank, (2, 3)).to("tpu")[:, 1:]
+    dist.broadcast(t, src=1)
+    assert_close(t.cpu(), _mine(1, (2, 3))[:, 1:])
+    out = torch.empty(world * 3, device="tpu")
+    dist.all_gather_into_tensor(out, _mine(rank).to("tpu"))
+    assert_close(out.cpu(), torch.cat([_mine(r) for r in ranks]))
+
+
+def _section_mixed(rank, world):
+    import torch
+    import torch.distributed as dist
+    from torch.testing import assert_close
+
+    total = float(sum(r + 1 for r in range(world)))
+    cpu = torch.full((2,), float(rank + 1))
+    dist.all_reduce(cpu)
+    assert cpu.device.type == "cpu"
+    assert_close(cpu, torch.full((2,), total))
+    tpu = torch.full((2,), float(rank + 1), device="tpu")
+    dist.all_reduce(tpu)
+    assert tpu.device.type == "tpu"
+    assert_close(tpu.cpu(), torch.full((2,), total))
+    objects = [None] * world
+    dist.all_gather_object(objects, rank)  # object collectives run on CPU here (gloo)
+    assert objects == list(range(world))
+
+
+class _TinyTransformer:
+    """A one-block causal transformer (built lazily: torch is imported in workers only)."""
+
+    @staticmethod
+    def make():
+        import torch
+        import torch.nn.functional as F
+
+        class Block(torch.nn.Module):
+            def __init__(self, vocab=20, width=16):
+                super().__init__()
+                self.embed = torch.nn.Embedding(vocab, width)
+                self.ln = torch.nn.LayerNorm(width)
+                self.qkv = torch.nn.Linear(width, 3 * width)
+                self.head = torch.nn.Linear(width, vocab)
+
+            def forward(self, tokens):
+                x = self.embed(tokens)
+                q, k, v = self.qkv(self.ln(x)).chunk(3, dim=-1)
+                x = x + F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                return self.head(x)
+
+        torch.manual_seed(0)
+        return Block()
+
+
+def _tiny_mlp():
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+
+
+def _check_ddp(rank, world, make, batches, loss_fn, momentum):
+    """Train ``make()`` under DDP (each rank on its slice of every batch) and
+    on CPU over the whole batches; the parameters must agree, on every rank."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.testing import assert_close
+
+    reference = make()
+    model = copy.deepcopy(reference)
+    if rank != 0:  # DDP must start every rank from rank 0's parameters
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    ddp = DDP(model.to("tpu"))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=momentum)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=momentum)
+    per_rank = batches[0][0].shape[0] // world
+    mine = slice(rank * per_rank, (rank + 1) * per_rank)
+    for x, y in batches:
+        opt.zero_grad()
+        loss_fn(ddp(x[mine].to("tpu")), y[mine].to("tpu")).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        loss_fn(reference(x), y).backward()
+        ref_opt.step()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5, msg=f"parameter {name} differs")
+        high, low = p.detach().clone(), p.detach().clone()
+        dist.all_reduce(high, op=dist.ReduceOp.MAX)
+        dist.all_reduce(low, op=dist.ReduceOp.MIN)
+        assert torch.equal(high.cpu(), low.cpu()), f"ranks hold different values of {name}"
+
+
+def _section_ddp_mlp(rank, world):
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(world * 4, 8, generator=g), torch.randn(world * 4, 4, generator=g)) for _ in range(4)]
+    _check_ddp(rank, world, _tiny_mlp, batches, F.mse_loss, momentum=0.9)
+
+
+def _section_ddp_transformer(rank, world):
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(2)
+    batches = [
+        (torch.randint(0, 20, (world * 2, 6), generator=g), torch.randint(0, 20, (world * 2, 6), generator=g))
+        for _ in range(3)
+    ]
+
+    def loss_fn(out, y):
+        return F.cross_entropy(out.flatten(0, 1), y.flatten())
+
+    _check_ddp(rank, world, _TinyTransformer.make, batches, loss_fn, momentum=0.0)
+
+
+def _section_dead_rank(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(2, device="tpu")
+    dist.all_reduce(t)
+    t.cpu()
+    if rank == 1:
+        os._exit(3)  # dies without a word
+    try:
+        for _ in range(20):
+            time.sleep(0.5)
+            t = torch.ones(2, device="tpu")
+            dist.all_reduce(t)
+            t.cpu()
+    except Exception as exc:  # the transport notices the lost peer
+        print(f"survivor saw: {type(exc).__name__}: {exc}", flush=True)
+        print("OK dead_rank", flush=True)
+        os._exit(0)  # JAX's shutdown would wait for the dead rank
+    raise AssertionError("the survivor never noticed the dead rank")
+
+
+def _section_hang(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    if rank == 1:
+        while True:  # hangs; its watchdog must end it
+            time.sleep(1)
+    t = torch.ones(2, device="tpu")
+    dist.all_reduce(t)
+    t.cpu()
+
+
+def _section_init_too_late(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    torch.ones(2, device="tpu").cpu()  # JAX's devices exist now
+    try:
+        dist.init_process_group(backend="tpu_dist")
+    except RuntimeError as exc:
+        assert "before the first tpu tensor" in str(exc), exc
+        print("OK init_too_late", flush=True)
+        os._exit(0)  # torch's store may still wait for the other rank
+    raise AssertionError("init_process_group did not fail")
+
+
+def _section_devices(rank, world):
+    import torch
+    from torch.testing import assert_close
+
+    assert torch.tpu.device_count() == 8, torch.tpu.device_count()
+    for index in (1, 7):
+        x = torch.arange(6.0, device=f"tpu:{index}").reshape(2, 3)
+        y = (x * 2 + 1).sum(0)
+        assert y.device == torch.device("tpu", index)
+        assert_close(y.cpu(), (torch.arange(6.0).reshape(2, 3) * 2 + 1).sum(0))
+
+
+JOBS = {
+    "defer": Job(
+        {"TORCHTPU_EAGER_MODE": "defer"},
+        [_section_collectives, _section_functional, _section_ddp_mlp, _section_ddp_transformer],
+    ),
+    "strict": Job(
+        {"TORCHTPU_EAGER_MODE": "strict", "DIST_TEST_HEARTBEAT_S": "5"},
+        [_section_mixed, _section_strict_collectives, _section_dead_rank],
+        backend="cpu:gloo,tpu:tpu",
+    ),
+    "hang": Job({"DIST_TEST_WATCHDOG_S": "12"}, [_section_hang]),
+    "init_too_late": Job({}, [_section_init_too_late], backend=None),
+    "devices": Job({}, [_section_devices], backend=None),
+}
+
+
+def main() -> None:
+    job = JOBS[sys.argv[1]]
+    faulthandler.dump_traceback_later(float(os.environ.get("DIST_TEST_WATCHDOG_S", WATCHDOG_S)), exit=True)
+    import traceback
+
+    import torch.distributed as dist
+
+    import lazytpu.distributed
+
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if job.backend is not None:
+        lazytpu.distributed.options().heartbeat_timeout_s = int(os.environ.get("DIST_TEST_HEARTBEAT_S", 100))
+        dist.init_process_group(backend=job.backend)
+        rank, world = dist.get_rank(), dist.get_world_size()
+    for section in job.sections:
+        name = section.__name__.removeprefix("_section_")
+        try:
+            section(rank, world)
+            print(f"OK {name}", flush=True)
+        except Exception:
+            print(f"FAILED {name}:\n{traceback.format_exc()}", flush=True)
+    if job.backend is not None:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
