@@ -218,9 +218,7 @@ def _differences(old, new) -> list[tuple[str, str]]:
 
 def observe_compile(program, lowered) -> None:
     """Called by the engine for each program it compiles (a cache miss)."""
-    dump_dir = _config.DUMP_DIR.get()
-    if dump_dir:
-        _dump(Path(dump_dir), program, lowered)
+    dump_program(lowered, {"ir.txt": format_program(program) + "\n"})
     with _HISTORY.lock:
         _HISTORY.count += 1
         number = _HISTORY.count
@@ -239,15 +237,23 @@ def observe_compile(program, lowered) -> None:
     diffs = _differences(old, program)
     if not diffs:
         return
+    header = (
+        f"lazytpu: compiling program #{number} ({len(program.ops)} ops); closest earlier program is #{n} "
+        f"({len(old.ops)} ops):"
+    )
+    report_recompile(header, diffs)
+
+
+def report_recompile(header: str, diffs: list[tuple[str, str]]) -> None:
+    """Count, keep and (with ``LAZYTPU_DEBUG=recompile``) print one recompile
+    explanation: ``diffs`` are (reason, detail) pairs, most important first.
+    Shared by eager programs and ``torch.compile`` graphs."""
     for reason in dict.fromkeys(reason for reason, _ in diffs):
         metrics.count("recompile_reasons", reason)
     shown = [f"  - {reason}: {detail}" for reason, detail in diffs[:_SHOWN]]
     if len(diffs) > _SHOWN:
         shown.append(f"  ... and {len(diffs) - _SHOWN} more differences (mostly consequences of the first)")
-    text = (
-        f"lazytpu: compiling program #{number} ({len(program.ops)} ops); closest earlier program is #{n} "
-        f"({len(old.ops)} ops):\n" + "\n".join(shown)
-    )
+    text = header + "\n" + "\n".join(shown)
     with _HISTORY.lock:
         _HISTORY.explanations.append(text)
     if "recompile" in _config.DEBUG.value:
@@ -265,9 +271,16 @@ def clear() -> None:
     _HISTORY.clear()
 
 
-def _dump(root: Path, program, lowered) -> None:
+def dump_program(lowered, files: dict[str, str]) -> None:
+    """With ``LAZYTPU_DUMP_DIR`` set, write a compiled program's StableHLO and
+    ``files`` (suffix -> text) there, named by the hash of the StableHLO."""
+    dump_dir = _config.DUMP_DIR.get()
+    if not dump_dir:
+        return
+    root = Path(dump_dir)
     root.mkdir(parents=True, exist_ok=True)
     text = lowered.as_text()
     name = hashlib.sha256(text.encode()).hexdigest()[:16]
-    (root / f"{name}.ir.txt").write_text(format_program(program) + "\n")
+    for suffix, content in files.items():
+        (root / f"{name}.{suffix}").write_text(content)
     (root / f"{name}.stablehlo.mlir").write_text(text)

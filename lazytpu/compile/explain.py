@@ -12,16 +12,11 @@ and the difference is explained: counted in ``metrics`` under
 
 from __future__ import annotations
 
-import hashlib
-import sys
 import threading
-from pathlib import Path
 
-from lazytpu import _caches, _config, metrics
+from lazytpu import _caches, debug
 
 __all__ = ["explain", "clear"]
-
-_SHOWN = 4
 
 
 class _History:
@@ -83,9 +78,7 @@ def _differences(old_program, old_parts, program, parts) -> list[tuple[str, str]
 
 def observe_compile(program, parts: tuple, lowered) -> None:
     """Called for each program compiled for an FX graph (a cache miss)."""
-    dump_dir = _config.DUMP_DIR.get()
-    if dump_dir:
-        _dump(Path(dump_dir), program, lowered)
+    debug.dump_program(lowered, {"fx.py": program.code})
     with _HISTORY.lock:
         _HISTORY.count += 1
         number = _HISTORY.count
@@ -95,19 +88,13 @@ def observe_compile(program, parts: tuple, lowered) -> None:
         return
     n, old_program, old_parts = previous
     diffs = _differences(old_program, old_parts, program, parts)
-    for reason in dict.fromkeys(reason for reason, _ in diffs):
-        metrics.count("recompile_reasons", reason)
-    shown = [f"  - {reason}: {detail}" for reason, detail in diffs[:_SHOWN]]
-    if len(diffs) > _SHOWN:
-        shown.append(f"  ... and {len(diffs) - _SHOWN} more differences")
-    text = (
+    header = (
         f"lazytpu: compiling the {program.name} graph of {_family(program.family)} again "
-        f"(compiled graph #{number}; last was #{n}):\n" + "\n".join(shown)
+        f"(compiled graph #{number}; last was #{n}):"
     )
+    debug.report_recompile(header, diffs)
     with _HISTORY.lock:
-        _HISTORY.explanations.append(text)
-    if "recompile" in _config.DEBUG.value:
-        print(text, file=sys.stderr)
+        _HISTORY.explanations.append(debug.explain()[-1])
 
 
 def _family(family) -> str:
@@ -124,11 +111,3 @@ def explain() -> list[str]:
 def clear() -> None:
     """Forget compiled-graph history and explanations."""
     _HISTORY.clear()
-
-
-def _dump(root: Path, program, lowered) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    text = lowered.as_text()
-    name = hashlib.sha256(text.encode()).hexdigest()[:16]
-    (root / f"{name}.fx.py").write_text(program.code)
-    (root / f"{name}.stablehlo.mlir").write_text(text)
