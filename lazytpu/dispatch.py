@@ -140,6 +140,10 @@ _NO_LIFT = frozenset({"arange", "linspace", "logspace", "range", "full", "scalar
 _LIFT_TYPES = frozenset({"number", "float", "Optional[number]", "Optional[float]", "Tensor", "Optional[Tensor]"})
 
 
+# Scalars that select an algorithm rather than enter arithmetic stay static.
+_STATIC_NAMES = frozenset({"ord"})
+
+
 @functools.cache
 def _liftable(func) -> tuple[frozenset, frozenset]:
     """Positions and kwarg names of float args that cannot decide shapes."""
@@ -147,7 +151,7 @@ def _liftable(func) -> tuple[frozenset, frozenset]:
         return frozenset(), frozenset()
     pos, names = set(), set()
     for i, arg in enumerate(func._schema.arguments):
-        if str(arg.type) in _LIFT_TYPES and not arg.name.startswith("scale"):
+        if str(arg.type) in _LIFT_TYPES and not arg.name.startswith("scale") and arg.name not in _STATIC_NAMES:
             (names if arg.kwarg_only else pos).add(arg.name if arg.kwarg_only else i)
     return frozenset(pos), frozenset(names)
 

@@ -235,3 +235,22 @@ def logcumsumexp(x, dim):
     axis = _scan_axis(x, dim)
     x = _float_acc(x)
     return x if axis is None else jax.lax.cumlogsumexp(x, axis=axis)
+
+
+@lowering(aten.linalg_vector_norm.default)
+def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """``torch.linalg.vector_norm``; ``ord`` is static (it picks the formula)."""
+    x = x.astype(acc_dtype(x, dtype, ints_to_int64=False)) if dtype is not None else _float_acc(x)
+    ax = axes(x, dim)
+    a = jnp.abs(x)
+    if ord == float("inf"):
+        return jnp.max(a, axis=ax, keepdims=keepdim)
+    if ord == float("-inf"):
+        return jnp.min(a, axis=ax, keepdims=keepdim)
+    if ord == 0:
+        return jnp.sum((a != 0).astype(a.dtype), axis=ax, keepdims=keepdim)
+    if ord == 1:
+        return jnp.sum(a, axis=ax, keepdims=keepdim)
+    if ord == 2:
+        return jnp.sqrt(jnp.sum(a * a, axis=ax, keepdims=keepdim))
+    return jnp.sum(a**ord, axis=ax, keepdims=keepdim) ** (1.0 / ord)
