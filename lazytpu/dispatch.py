@@ -543,20 +543,50 @@ _WARNED: set = set()
 _caches.register("fallback_warnings", _WARNED.clear)
 
 
-def cpu_fallback(func, args, kwargs):
+# Note [Data-dependent shapes]: ops whose output shape depends on values
+# (nonzero, unique, masked_select, boolean-mask indexing, repeat_interleave
+# without output_size) cannot be recorded: the inputs are synced (reason
+# "data_dependent"), the op runs where the data now is, and recording goes on
+# with its result. This is not a missing lowering, so it is not counted as a
+# CPU fallback and works with LAZYTPU_CPU_FALLBACK=0.
+DATA_DEPENDENT = frozenset(
+    {
+        aten.nonzero.default,
+        aten.nonzero_static.default,
+        aten.argwhere.default,
+        aten.masked_select.default,
+        aten._unique2.default,
+        aten.unique_dim.default,
+        aten.unique_consecutive.default,
+        aten._unique.default,
+        aten.repeat_interleave.Tensor,
+        aten.index.Tensor,
+        aten.index_put.default,
+        aten.index_put_.default,
+    }
+)
+
+
+def cpu_fallback(func, args, kwargs, *, data_dependent: bool = False):
     """Run ``func`` on CPU torch; copy mutated inputs and results back."""
-    if not _config.CPU_FALLBACK.get():
-        raise NotImplementedError(f"lazytpu: no lowering for {func} and CPU fallback is off (LAZYTPU_CPU_FALLBACK=0)")
     name = str(func)
-    metrics.count("cpu_fallbacks", name)
-    if name not in _WARNED:
-        _WARNED.add(name)
-        warnings.warn(f"lazytpu: {name} has no lowering; it runs on CPU (slower, splits the program)", stacklevel=3)
+    if data_dependent:
+        reason = "data_dependent"
+    else:
+        if not _config.CPU_FALLBACK.get():
+            raise NotImplementedError(
+                f"lazytpu: no lowering for {func} and CPU fallback is off (LAZYTPU_CPU_FALLBACK=0)"
+            )
+        reason = "cpu_fallback"
+        metrics.count("cpu_fallbacks", name)
+        if name not in _WARNED:
+            _WARNED.add(name)
+            warnings.warn(f"lazytpu: {name} has no lowering; it runs on CPU (slower, splits the program)", stacklevel=3)
     lazies: list[LazyTensor] = []
 
     def to_cpu(x):
         lazies.append(x)
-        return hostio.to_cpu(x, reason="cpu_fallback")
+        return hostio.to_cpu(x, reason=reason)
 
     cargs = tuple(_map_tensors(a, LazyTensor, to_cpu) for a in args)
     ckwargs = {k: _map_tensors(v, LazyTensor, to_cpu) for k, v in kwargs.items()}
@@ -666,7 +696,7 @@ def dispatch(func, args, kwargs):
         try:
             return record(func, args, kwargs, rule)
         except MetaUnavailable:
-            return cpu_fallback(func, args, kwargs)
+            return cpu_fallback(func, args, kwargs, data_dependent=func in DATA_DEPENDENT)
     handler = _HANDLERS.get(func)
     if handler is not None:
         return handler(func, args, kwargs)
@@ -684,7 +714,7 @@ def dispatch(func, args, kwargs):
         try:
             return record(func, args, kwargs, rule)
         except MetaUnavailable:
-            return cpu_fallback(func, args, kwargs)
+            return cpu_fallback(func, args, kwargs, data_dependent=func in DATA_DEPENDENT)
     name = func._schema.name
     if name.startswith("aten::_foreach_"):
         out = run_foreach(func, args, kwargs)
@@ -710,7 +740,7 @@ def dispatch(func, args, kwargs):
                 return out
         finally:
             _DECOMPOSING.ops.discard(func)
-    return cpu_fallback(func, args, kwargs)
+    return cpu_fallback(func, args, kwargs, data_dependent=func in DATA_DEPENDENT)
 
 
 class _Decomposing(threading.local):

@@ -86,3 +86,30 @@ def test_masked_assignment_forms(mode):
     lazytpu.metrics.reset()
     run_both(assign, torch.randn(5, 3), mode_name=mode)
     assert set(lazytpu.metrics.snapshot()["cpu_fallbacks"]) <= {"aten.index.Tensor"}
+
+
+DATA_DEPENDENT_CASES = {
+    "nonzero": lambda t: t.nonzero(),
+    "unique": lambda t: torch.unique(t),
+    "unique_counts": lambda t: torch.unique(t, return_counts=True)[1],
+    "unique_consecutive": lambda t: torch.unique_consecutive(t),
+    "masked_select": lambda t: torch.masked_select(t, t > 0),
+    "bool_mask": lambda t: t[t > 0] * 2,
+    "repeat_interleave": lambda t: torch.repeat_interleave((t > 0).long() + 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DATA_DEPENDENT_CASES))
+def test_data_dependent_ops_sync_and_continue(name):
+    """They sync (reason "data_dependent"), are not CPU fallbacks, and work
+    with the fallback turned off; recording continues on their results."""
+    from lazytpu import _config
+
+    x = torch.tensor([0.0, 1.5, 0.0, -2.0, 3.0, 1.5])
+    with _config.CPU_FALLBACK.override(False):
+        lazytpu.metrics.reset()
+        out = run_both(lambda t: DATA_DEPENDENT_CASES[name](t + 0) + 1, x)
+    snap = lazytpu.metrics.snapshot()
+    assert snap["cpu_fallbacks"] == {}
+    assert snap["syncs"].get("data_dependent", 0) >= 1
+    assert out.device.type == "tpu"
