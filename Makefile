@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test fuzz lint venv clean bench notebooks
+.PHONY: demo test soak fuzz lint venv clean bench notebooks
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q --timeout=900 tests
+
+# 2000 defer-mode training steps: memory, graph and caches must hold flat.
+soak: $(STAMP)
+	$(BIN)/python examples/soak.py 2000
 
 # A long differential-fuzzing campaign of aliasing programs (random seed).
 fuzz: $(STAMP)
