@@ -169,6 +169,32 @@ def assert_alone(job: str, section: str) -> None:
     assert f"OK {section}\n" in _RESULTS[job], _RESULTS[job]
 
 
+def test_world_of_one_in_this_process():
+    """One rank: no JAX runtime to start; collectives are one-device programs."""
+    import torch
+    import torch.distributed as dist
+    from torch.testing import assert_close
+
+    from lazytpu.distributed import ProcessGroupTPU
+
+    dist.init_process_group(backend="tpu_dist", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert dist.get_backend() == "tpu_dist" and isinstance(dist.group.WORLD, ProcessGroupTPU)
+        t = torch.arange(6.0, device="tpu").reshape(2, 3)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        dist.broadcast(t, src=0)
+        assert dist.all_reduce(t, async_op=True).wait()
+        assert_close(t.cpu(), torch.arange(6.0).reshape(2, 3))
+        out = torch.empty(2, 3, device="tpu")
+        dist.all_gather_single(out, t)  # torch 2.13's names of all_gather_into_tensor ...
+        dist.reduce_scatter_single(out, out.clone())  # ... and reduce_scatter_tensor
+        dist.all_to_all_single(out, out.clone())
+        assert_close(out.cpu(), torch.arange(6.0).reshape(2, 3))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
 def test_init_after_first_tpu_tensor_raises():
     assert_alone("init_too_late", "init_too_late")
 

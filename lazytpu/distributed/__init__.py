@@ -31,7 +31,7 @@ def _create(backend_opts, pg_options) -> ProcessGroupTPU:
     rank, size = backend_opts.group_rank, backend_opts.group_size
     ranks = tuple(backend_opts.global_ranks_in_group) or tuple(range(size))
     if not runtime.started():
-        if dist.is_initialized():
+        if dist.is_initialized() and dist.get_world_size() > 1:
             raise RuntimeError(
                 "lazytpu: the tpu_dist backend must be part of the default process group "
                 "(init_process_group(backend='tpu_dist') or 'cpu:gloo,tpu:tpu_dist'), since JAX's "

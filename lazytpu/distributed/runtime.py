@@ -41,12 +41,15 @@ class JaxOptions:
             this long (default: the process group's ``timeout``).
         coordinator_address: ``host:port`` to use instead of a free port on
             ``MASTER_ADDR`` (the coordinator binds exactly this address).
+        local_device_ids: the local devices this process uses (default: all;
+            e.g. ``[local_rank]`` for one process per chip on a multi-chip host).
     """
 
     heartbeat_timeout_s: int = 100
     shutdown_timeout_s: int = 300
     initialization_timeout_s: int | None = None
     coordinator_address: str | None = None
+    local_device_ids: list[int] | None = None
 
 
 class _Runtime:
@@ -120,36 +123,43 @@ def ensure_started(store, rank: int, world_size: int, timeout: datetime.timedelt
                     f"lazytpu: jax.distributed runs {jax.process_count()} processes with this one as "
                     f"{jax.process_index()}, but torch.distributed says rank {rank} of {world_size}"
                 )
-        elif world_size > 1:
-            if _backends_started():
-                raise RuntimeError(
-                    "lazytpu: init_process_group(backend='tpu_dist') must run before the first tpu tensor "
-                    "(or torch.tpu call) of the process: JAX's multi-process runtime can only start before "
-                    "JAX creates its devices"
-                )
-            address = _coordinator_address(store, rank)
-            if jax.config.jax_cpu_collectives_implementation in (None, "", "none"):
-                jax.config.update("jax_cpu_collectives_implementation", "gloo")
-            opts = RUNTIME.options
-            init_timeout = opts.initialization_timeout_s
-            if init_timeout is None:
-                init_timeout = int(timeout.total_seconds()) if timeout is not None else 300
-            jax.distributed.initialize(
-                coordinator_address=address,
-                num_processes=world_size,
-                process_id=rank,
-                coordinator_bind_address=address if rank == 0 else None,
-                initialization_timeout=max(init_timeout, 1),
-                heartbeat_timeout_seconds=opts.heartbeat_timeout_s,
-                shutdown_timeout_seconds=opts.shutdown_timeout_s,
-            )
-        if world_size > 1:
+        elif world_size == 1:
+            return  # nothing to start (and a later job of several processes still can)
+        else:
+            _start(store, rank, world_size, timeout)
+        if jax.process_count() > 1:
             _use_process_local_devices()
             _no_disk_cache_across_processes()
             # Creating JAX's client is itself a rendezvous of every process:
             # do it here, where all ranks are, not at some rank's first tensor.
             platform.devices()
         RUNTIME.world_size = world_size
+
+
+def _start(store, rank: int, world_size: int, timeout: datetime.timedelta | None) -> None:
+    if _backends_started():
+        raise RuntimeError(
+            "lazytpu: init_process_group(backend='tpu_dist') must run before the first tpu tensor "
+            "(or torch.tpu call) of the process: JAX's multi-process runtime can only start before "
+            "JAX creates its devices"
+        )
+    address = _coordinator_address(store, rank)
+    if jax.config.jax_cpu_collectives_implementation in (None, "", "none"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    opts = RUNTIME.options
+    init_timeout = opts.initialization_timeout_s
+    if init_timeout is None:
+        init_timeout = int(timeout.total_seconds()) if timeout is not None else 300
+    jax.distributed.initialize(
+        coordinator_address=address,
+        num_processes=world_size,
+        process_id=rank,
+        local_device_ids=opts.local_device_ids,
+        coordinator_bind_address=address if rank == 0 else None,
+        initialization_timeout=max(init_timeout, 1),
+        heartbeat_timeout_seconds=opts.heartbeat_timeout_s,
+        shutdown_timeout_seconds=opts.shutdown_timeout_s,
+    )
 
 
 def _use_process_local_devices() -> None:
