@@ -311,14 +311,7 @@ def draw_inputs(data, case: Case, signature: tuple[list, tuple], *, grad: bool) 
 
 # Expected failures, with the reason; each runs once, as a strict xfail, so a
 # fix makes it fail until its entry leaves this table.
-_ZEROTENSOR = (
-    "core: sgn's backward for real inputs calls aten._efficientzerotensor; its CPU fallback returns a ZeroTensor, "
-    "which hostio.data_from_cpu cannot copy (ZeroTensor.numpy() raises)"
-)
-XFAIL = {
-    ("grad", "sgn"): _ZEROTENSOR,
-    ("fallbacks", "sgn"): _ZEROTENSOR,
-}
+XFAIL: dict[tuple[str, str], str] = {}
 
 
 def cases(test: str, names) -> list:

@@ -64,8 +64,10 @@ def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_mem
     return jnp.zeros(tuple(size), _jdtype(dtype))
 
 
-@lowering(aten.zeros.default)
+@lowering(aten.zeros.default, aten._efficientzerotensor.default)
 def zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    # _efficientzerotensor (autograd's "no gradient here", e.g. sgn of a real
+    # input) is an ordinary zero tensor on tpu: XLA folds the zeros anyway.
     return jnp.zeros(tuple(size), _jdtype(dtype))
 
 
