@@ -110,6 +110,15 @@ class LazyTensor(torch.Tensor):
             "Use Tensor.cpu() to copy the tensor to host memory first."
         )
 
+    def __reduce_ex__(self, protocol):
+        """``torch.save``: a sync point; saved as its CPU value, restored on
+        ``tpu`` by a loader that ``torch.load(weights_only=True)`` allows."""
+        from lazytpu import hostio
+
+        host = hostio.to_cpu(self, reason="save")
+        rebuild = torch._utils._rebuild_device_tensor_from_cpu_tensor
+        return rebuild, (host, self.dtype, str(self.device), self.requires_grad)
+
     def tolist(self):
         from lazytpu import hostio
 

@@ -141,3 +141,20 @@ def test_tensor_constructors_on_tpu():
     assert torch.as_tensor([1.5], device="tpu").item() == 1.5
     assert t.new_tensor([7.0]).device.type == "tpu"
     assert torch.tensor(3.0, device="tpu", dtype=torch.float64).cpu().dtype == torch.float64
+
+
+def test_save_and_load_state_dict(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 3).to("tpu")
+    model.weight.data.mul_(2)  # pending work must be synced by the save
+    path = tmp_path / "ckpt.pt"
+    torch.save(model.state_dict(), path)
+    for weights_only in (True, False):
+        state = torch.load(path, weights_only=weights_only)
+        assert all(v.device.type == "tpu" for v in state.values())
+        other = torch.nn.Linear(5, 3).to("tpu")
+        other.load_state_dict(state)
+        x = torch.randn(2, 5).to("tpu")
+        assert torch.equal(model(x).cpu(), other(x).cpu())
+    on_cpu = torch.load(path, map_location="cpu", weights_only=True)
+    torch.testing.assert_close(on_cpu["weight"], model.weight.detach().cpu())
