@@ -466,7 +466,7 @@ def _tiny_mlp():
     return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
 
 
-def _check_ddp(rank, world, make, batches, loss_fn, momentum):
+def _check_ddp(rank, world, make, batches, loss_fn, momentum, **ddp_options):
     """Train ``make()`` under DDP (each rank on its slice of every batch) and
     on CPU over the whole batches; the parameters must agree, on every rank."""
     import torch
@@ -480,7 +480,7 @@ def _check_ddp(rank, world, make, batches, loss_fn, momentum):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(1.0)
-    ddp = DDP(model.to("tpu"))
+    ddp = DDP(model.to("tpu"), **ddp_options)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=momentum)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=momentum)
     per_rank = batches[0][0].shape[0] // world
@@ -506,7 +506,8 @@ def _section_ddp_mlp(rank, world):
 
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(world * 4, 8, generator=g), torch.randn(world * 4, 4, generator=g)) for _ in range(4)]
-    _check_ddp(rank, world, _tiny_mlp, batches, F.mse_loss, momentum=0.9)
+    # gradients as views of the all-reduced buckets (written through aliasing)
+    _check_ddp(rank, world, _tiny_mlp, batches, F.mse_loss, momentum=0.9, gradient_as_bucket_view=True)
 
 
 def _section_ddp_transformer(rank, world):
