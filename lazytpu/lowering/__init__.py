@@ -5,6 +5,7 @@ from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
     factories,
     indexing,
     linalg,
+    linalg_ext,
     nn,
     random,
     reduction,

@@ -1,0 +1,425 @@
+"""Linear algebra beyond products: norms, factorizations, solves, inverses.
+
+torch's ``linalg.*`` functions are mostly CompositeImplicit: ``linalg.inv``
+arrives as ``linalg_inv_ex``, ``linalg.solve`` as ``_linalg_solve_ex``,
+``linalg.svd``/``svdvals`` as ``_linalg_svd``, ``linalg.det`` as
+``_linalg_det``. Their backward formulas call these ops again (and
+``linalg_lu_solve``, ``triangular_solve``), so forward and backward share rules.
+
+Note [LAPACK info]: torch's ``*_ex`` ops return LAPACK's ``info`` (0 on
+success, ``k`` when the ``k``-th pivot or leading minor fails) next to the
+result; they never raise. The rules compute the same ``info`` from the
+factorization (a zero pivot of LU; a NaN in a Cholesky factor).
+
+Note [Pivots]: torch's LU pivots are LAPACK's, 1-based and int32; JAX's are
+0-based. ``A = P @ L @ U`` in torch, where JAX factors ``A[perm] = L @ U``.
+
+Note [Transposed LU]: for a real input, ``_linalg_det`` and
+``_linalg_slogdet`` factor ``A^T`` when ``A`` is contiguous (LAPACK wants
+column-major), and their backward formulas solve with ``adjoint`` chosen by
+``A.is_contiguous()``. A rule cannot see strides, so real inputs are always
+factored transposed: exact for contiguous ``A`` (the usual case); for a
+non-contiguous real ``A`` the forward result is right but the gradient
+through the returned LU is not.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+from jax._src.lax.linalg import geqrf as _geqrf  # not exported by jax.lax.linalg
+
+from lazytpu import _dtypes
+from lazytpu.lowering.registry import lowering
+
+aten = torch.ops.aten
+
+
+def _mT(x):
+    return jnp.swapaxes(x, -1, -2)
+
+
+def _mH(x):
+    return jnp.conj(_mT(x)) if jnp.iscomplexobj(x) else _mT(x)
+
+
+def _broadcast_batch(a, b):
+    """``a`` and ``b`` (both matrices) with their batch dims broadcast."""
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return jnp.broadcast_to(a, batch + a.shape[-2:]), jnp.broadcast_to(b, batch + b.shape[-2:])
+
+
+def _is_vector_rhs(a, b) -> bool:
+    """torch's ``linalg_solve_is_vector_rhs``: ``b`` is a (batch of) vector(s)."""
+    return b.ndim == 1 or (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1])
+
+
+# -- LU ------------------------------------------------------------------------
+
+
+def _lu(a):
+    """``(lu, torch pivots, perm)`` of ``a`` (Note [Pivots])."""
+    lu, pivots, perm = lax.linalg.lu(a)
+    return lu, pivots + 1, perm
+
+
+def _torch_lu(a):
+    """``(lu, pivots, perm, adjoint)``: the factorization torch returns for
+    ``a`` (Note [Transposed LU]); solving ``A x = b`` with it takes ``adjoint``."""
+    if jnp.iscomplexobj(a):
+        return (*_lu(a), False)
+    return (*_lu(_mT(a)), True)
+
+
+def _lu_info(lu):
+    """Note [LAPACK info]: the first zero pivot of ``U`` (1-based), else 0."""
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    zero = diag == 0
+    if diag.shape[-1] == 0:
+        return jnp.zeros(diag.shape[:-1], jnp.int32)
+    return jnp.where(jnp.any(zero, axis=-1), jnp.argmax(zero, axis=-1) + 1, 0).astype(jnp.int32)
+
+
+def _perm_of(pivots, m: int):
+    return lax.linalg.lu_pivots_to_permutation(pivots.astype(jnp.int32) - 1, m)
+
+
+def _permutation_matrix(perm, dtype):
+    """``P`` with ``A = P @ L @ U`` for JAX's ``A[perm] = L @ U``."""
+    return _mT(jax.nn.one_hot(perm, perm.shape[-1], dtype=dtype))
+
+
+def _lu_solve(lu, perm, b, *, adjoint: bool = False):
+    """Solve ``A x = b`` (or ``A^H x = b``) for matrices ``b`` from ``A[perm] = L U``."""
+    lu, b = _broadcast_batch(lu, b)
+    perm = jnp.broadcast_to(perm, lu.shape[:-1])
+    if not adjoint:
+        x = jnp.take_along_axis(b, perm[..., None], axis=-2)
+        x = lax.linalg.triangular_solve(lu, x, left_side=True, lower=True, unit_diagonal=True)
+        return lax.linalg.triangular_solve(lu, x, left_side=True, lower=False)
+    conj = jnp.iscomplexobj(lu)
+    x = lax.linalg.triangular_solve(lu, b, left_side=True, lower=False, transpose_a=True, conjugate_a=conj)
+    x = lax.linalg.triangular_solve(
+        lu, x, left_side=True, lower=True, unit_diagonal=True, transpose_a=True, conjugate_a=conj
+    )
+    inverse = jnp.argsort(perm, axis=-1)
+    return jnp.take_along_axis(x, inverse[..., None], axis=-2)
+
+
+@lowering(aten.linalg_lu_factor_ex.default)
+def linalg_lu_factor_ex(a, *, pivot=True, check_errors=False):
+    lu, pivots, _ = _lu(a)
+    return lu, pivots, _lu_info(lu)
+
+
+@lowering(aten.linalg_lu.default)
+def linalg_lu(a, *, pivot=True):
+    lu, _, perm = _lu(a)
+    m, n = a.shape[-2:]
+    k = min(m, n)
+    lower = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=a.dtype)
+    upper = jnp.triu(lu[..., :k, :])
+    return _permutation_matrix(perm, a.dtype), lower, upper
+
+
+@lowering(aten.lu_unpack.default)
+def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
+    m, n = lu.shape[-2:]
+    k = min(m, n)
+    if unpack_data:
+        lower = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=lu.dtype)
+        upper = jnp.triu(lu[..., :k, :])
+    else:
+        lower = upper = jnp.zeros((0,), lu.dtype)
+    if unpack_pivots:
+        p = _permutation_matrix(_perm_of(pivots, m), lu.dtype)
+    else:
+        p = jnp.zeros((0,), lu.dtype)
+    return p, lower, upper
+
+
+@lowering(aten.linalg_lu_solve.default)
+def linalg_lu_solve(lu, pivots, b, *, left=True, adjoint=False):
+    perm = _perm_of(pivots, lu.shape[-1])
+    if left:
+        return _lu_solve(lu, perm, b, adjoint=adjoint)
+    # X A = B  <=>  A^H X^H = B^H  (and X A^H = B  <=>  A X^H = B^H)
+    return _mH(_lu_solve(lu, perm, _mH(b), adjoint=not adjoint))
+
+
+@lowering(aten._linalg_solve_ex.default)
+def linalg_solve_ex(a, b, *, left=True, check_errors=False):
+    lu, pivots, perm = _lu(a)
+    adjoint = False
+    vector = _is_vector_rhs(a, b)
+    rhs = b[..., None] if vector else b
+    if left:
+        x = _lu_solve(lu, perm, rhs, adjoint=adjoint)
+    else:  # X A = B  <=>  A^H X^H = B^H
+        x = _mH(_lu_solve(lu, perm, _mH(rhs), adjoint=not adjoint))
+    return (x[..., 0] if vector else x), lu, pivots, _lu_info(lu)
+
+
+@lowering(aten.linalg_inv_ex.default)
+def linalg_inv_ex(a, *, check_errors=False):
+    lu, _, perm = _lu(a)
+    eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
+    return _lu_solve(lu, perm, eye), _lu_info(lu)
+
+
+def _lu_det(lu, pivots):
+    """``(sign, log|det|, det)`` from an LU factorization."""
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    n = diag.shape[-1]
+    swaps = jnp.sum(pivots != jnp.arange(1, n + 1, dtype=pivots.dtype), axis=-1)
+    parity = jnp.where(swaps % 2 == 1, -1, 1).astype(lu.dtype)
+    absdiag = jnp.abs(diag)
+    unit = jnp.where(absdiag == 0, jnp.ones_like(diag), diag / jnp.where(absdiag == 0, 1, absdiag).astype(diag.dtype))
+    sign = parity * jnp.prod(unit, axis=-1)
+    sign = jnp.where(jnp.any(absdiag == 0, axis=-1), jnp.zeros_like(sign), sign)
+    logabs = jnp.sum(jnp.log(absdiag), axis=-1)
+    return sign, logabs, parity * jnp.prod(diag, axis=-1)
+
+
+@lowering(aten._linalg_det.default)
+def linalg_det(a):
+    lu, pivots, _, _ = _torch_lu(a)
+    return _lu_det(lu, pivots)[2], lu, pivots
+
+
+@lowering(aten._linalg_slogdet.default)
+def linalg_slogdet(a):
+    lu, pivots, _, _ = _torch_lu(a)
+    sign, logabs, _ = _lu_det(lu, pivots)
+    return sign, logabs, lu, pivots
+
+
+# -- Cholesky, triangular solves -------------------------------------------------
+
+
+def _cholesky(a, upper: bool):
+    lower = lax.linalg.cholesky(a, symmetrize_input=False)
+    return _mH(lower) if upper else lower
+
+
+def _cholesky_info(factor):
+    """Note [LAPACK info]: the order of the first non-positive leading minor."""
+    bad = jnp.any(jnp.isnan(factor), axis=-1) | jnp.any(jnp.isnan(factor), axis=-2)
+    if bad.shape[-1] == 0:
+        return jnp.zeros(bad.shape[:-1], jnp.int32)
+    return jnp.where(jnp.any(bad, axis=-1), jnp.argmax(bad, axis=-1) + 1, 0).astype(jnp.int32)
+
+
+@lowering(aten.linalg_cholesky_ex.default)
+def linalg_cholesky_ex(a, *, upper=False, check_errors=False):
+    factor = _cholesky(a, upper)
+    return factor, _cholesky_info(factor)
+
+
+@lowering(aten.cholesky.default)
+def cholesky(a, upper=False):
+    return _cholesky(a, upper)
+
+
+def _cholesky_solve(factor, b, upper: bool):
+    """Solve ``A x = b`` for ``A = L L^H`` (or ``U^H U``)."""
+    factor, b = _broadcast_batch(factor, b)
+    conj = jnp.iscomplexobj(factor)
+    if upper:
+        y = lax.linalg.triangular_solve(factor, b, left_side=True, lower=False, transpose_a=True, conjugate_a=conj)
+        return lax.linalg.triangular_solve(factor, y, left_side=True, lower=False)
+    y = lax.linalg.triangular_solve(factor, b, left_side=True, lower=True)
+    return lax.linalg.triangular_solve(factor, y, left_side=True, lower=True, transpose_a=True, conjugate_a=conj)
+
+
+@lowering(aten.cholesky_solve.default)
+def cholesky_solve(b, factor, upper=False):
+    return _cholesky_solve(factor, b, upper)
+
+
+@lowering(aten.cholesky_inverse.default)
+def cholesky_inverse(factor, upper=False):
+    eye = jnp.broadcast_to(jnp.eye(factor.shape[-1], dtype=factor.dtype), factor.shape)
+    return _cholesky_solve(factor, eye, upper)
+
+
+def _triangular(a, b, *, upper: bool, left: bool, unit: bool, transpose: bool = False):
+    a, b = _broadcast_batch(a, b)
+    return lax.linalg.triangular_solve(a, b, left_side=left, lower=not upper, transpose_a=transpose, unit_diagonal=unit)
+
+
+@lowering(aten.linalg_solve_triangular.default)
+def linalg_solve_triangular(a, b, *, upper, left=True, unitriangular=False):
+    return _triangular(a, b, upper=upper, left=left, unit=unitriangular)
+
+
+@lowering(aten.triangular_solve.default)
+def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
+    return _triangular(a, b, upper=upper, left=True, unit=unitriangular, transpose=transpose), a
+
+
+# -- QR, SVD, eigendecompositions ----------------------------------------------
+
+
+@lowering(aten.linalg_qr.default)
+def linalg_qr(a, mode="reduced"):
+    q, r = lax.linalg.qr(a, full_matrices=mode == "complete")
+    if mode == "r":
+        return jnp.zeros((0,), a.dtype), r
+    return q, r
+
+
+@lowering(aten.geqrf.default)
+def geqrf(a):
+    return _geqrf(a)
+
+
+@lowering(aten.linalg_householder_product.default)
+def householder_product(a, tau):
+    return lax.linalg.householder_product(a, tau)
+
+
+@lowering(aten.ormqr.default)
+def ormqr(a, tau, c, left=True, transpose=False):
+    return lax.linalg.ormqr(a, tau, c, left=left, transpose=transpose)
+
+
+@lowering(aten._linalg_svd.default)
+def linalg_svd(a, full_matrices=False, compute_uv=True, *, driver=None):
+    if not compute_uv:
+        s = lax.linalg.svd(a, full_matrices=False, compute_uv=False)
+        return jnp.zeros((0,), a.dtype), s, jnp.zeros((0,), a.dtype)
+    u, s, vh = lax.linalg.svd(a, full_matrices=full_matrices, compute_uv=True)
+    return u, s, vh
+
+
+@lowering(aten._linalg_eigh.default)
+def linalg_eigh(a, UPLO="L", compute_v=True):  # noqa: N803 - torch's argument name
+    vectors, values = lax.linalg.eigh(a, lower=UPLO == "L", symmetrize_input=False)
+    if not compute_v:
+        return values, jnp.zeros((0,), a.dtype)
+    return values, vectors
+
+
+@lowering(aten.linalg_eig.default)
+def linalg_eig(a):
+    return jnp.linalg.eig(a)  # XLA:CPU only (LAPACK geev, as torch)
+
+
+@lowering(aten._linalg_eigvals.default, aten.linalg_eigvals.default)
+def linalg_eigvals(a):
+    return jnp.linalg.eigvals(a)
+
+
+@lowering(aten.linalg_matrix_exp.default)
+def linalg_matrix_exp(a):
+    if a.ndim == 2:
+        return jax.scipy.linalg.expm(a)
+    flat = a.reshape((-1,) + a.shape[-2:])
+    return jax.vmap(jax.scipy.linalg.expm)(flat).reshape(a.shape)
+
+
+@lowering(aten.linalg_pinv.atol_rtol_tensor)
+def linalg_pinv(a, *, atol=None, rtol=None, hermitian=False):
+    m, n = a.shape[-2:]
+    if hermitian:  # A = V diag(w) V^H: invert the eigenvalues
+        w, v = lax.linalg.eigh(a, symmetrize_input=False)[::-1]
+        s, left, right = jnp.abs(w), v, _mH(v)
+    else:
+        left, s, right = lax.linalg.svd(a, full_matrices=False)
+        w = s
+    smax = jnp.max(s, axis=-1, keepdims=True, initial=0)
+    zero = jnp.zeros((), s.dtype)
+    atol_ = zero if atol is None else jnp.asarray(atol, s.dtype)[..., None]
+    if rtol is None:
+        eps = jnp.asarray(jnp.finfo(s.dtype).eps * max(m, n), s.dtype)
+        rtol_ = eps if atol is None else jnp.where(atol_ > 0, zero, eps)
+    else:
+        rtol_ = jnp.asarray(rtol, s.dtype)[..., None]
+    keep = s > jnp.maximum(atol_, rtol_ * smax)
+    w_inv = jnp.where(keep, 1 / jnp.where(keep, w, 1), 0).astype(a.dtype)
+    return _mH(right) * w_inv[..., None, :] @ _mH(left)
+
+
+# -- products and norms ---------------------------------------------------------
+
+
+@lowering(aten.linalg_cross.default)
+def linalg_cross(x, y, *, dim=-1):
+    x, y = jnp.broadcast_arrays(x, y)
+    return jnp.cross(x, y, axis=dim)
+
+
+@lowering(aten.trace.default)
+def trace(x):
+    return jnp.trace(x)
+
+
+@lowering(aten._trilinear.default)
+def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """``(i1 * i2 * i3).sum(sumdim)`` after unsqueezing each at its ``expand`` dims."""
+    x = jnp.expand_dims(i1, tuple(expand1)) if expand1 else i1
+    y = jnp.expand_dims(i2, tuple(expand2)) if expand2 else i2
+    z = jnp.expand_dims(i3, tuple(expand3)) if expand3 else i3
+    out = x * y * z
+    return jnp.sum(out, axis=tuple(sumdim)) if sumdim else out
+
+
+def _p_norm(a, p, ax, keepdim: bool):
+    """The ``p``-norm of ``|x|`` values ``a`` over ``ax``, for a static or a
+    traced ``p`` (a traced one picks its formula with ``lax.switch``: only the
+    chosen branch runs)."""
+    branches = (
+        lambda a: jnp.max(a, axis=ax, keepdims=keepdim, initial=0),
+        lambda a: jnp.min(a, axis=ax, keepdims=keepdim, initial=jnp.inf),
+        lambda a: jnp.sum((a != 0).astype(a.dtype), axis=ax, keepdims=keepdim),
+        lambda a: jnp.sum(a, axis=ax, keepdims=keepdim),
+        lambda a: jnp.sqrt(jnp.sum(a * a, axis=ax, keepdims=keepdim)),
+        lambda a: jnp.sum(a ** jnp.asarray(p, a.dtype), axis=ax, keepdims=keepdim) ** (1 / jnp.asarray(p, a.dtype)),
+    )
+    if isinstance(p, (int, float)):
+        index = {float("inf"): 0, float("-inf"): 1, 0: 2, 1: 3, 2: 4}.get(p, 5)
+        return branches[index](a)
+    index = jnp.select([p == jnp.inf, p == -jnp.inf, p == 0, p == 1, p == 2], list(range(5)), 5)
+    return lax.switch(index, branches, a)
+
+
+def _norm_acc(x, dtype):
+    if dtype is not None:
+        x = x.astype(_dtypes.to_jax(dtype))
+    elif x.dtype in (jnp.float16, jnp.bfloat16):
+        x = x.astype(jnp.float32)
+    return jnp.abs(x)
+
+
+def _norm_axes(x, dim) -> tuple:
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return tuple(range(x.ndim))
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    return tuple(sorted({d % max(x.ndim, 1) for d in dims})) if x.ndim else ()
+
+
+@lowering(aten.norm.Scalar, aten.norm.ScalarOpt_dtype)
+def norm(x, p=2, *, dtype=None):
+    return _p_norm(_norm_acc(x, dtype), 2 if p is None else p, tuple(range(x.ndim)), False)
+
+
+@lowering(aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dim_dtype)
+def norm_dim(x, p, dim, keepdim=False, *, dtype=None):
+    return _p_norm(_norm_acc(x, dtype), 2 if p is None else p, _norm_axes(x, dim), keepdim)
+
+
+@lowering(aten.dist.default)
+def dist(x, y, p=2):
+    return _p_norm(_norm_acc(x - y, None), p, tuple(range(max(x.ndim, y.ndim))), False)
+
+
+@lowering(aten.renorm.default)
+def renorm(x, p, dim, maxnorm):
+    """Each slice along ``dim`` rescaled to norm at most ``maxnorm``."""
+    ax = tuple(d for d in range(x.ndim) if d != dim % x.ndim)
+    norms = _p_norm(_norm_acc(x, None), p, ax, True)
+    factor = jnp.where(norms > maxnorm, maxnorm / (norms + 1e-7), 1.0)
+    return x * factor.astype(x.dtype)
