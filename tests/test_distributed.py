@@ -114,6 +114,10 @@ def test_collectives():
     assert_section("defer", "collectives")
 
 
+def test_jax_coordinator_binds_master_addr_only():
+    assert_section("defer", "coordinator_bind")
+
+
 def test_functional_collectives_and_subgroups():
     assert_section("defer", "functional")
 
@@ -396,6 +400,25 @@ def _section_functional(rank, world):
     dist.barrier(group=reverse)
 
 
+def _section_coordinator_bind(rank, world):
+    """JAX's coordinator (on rank 0) listens on MASTER_ADDR only, not on a wildcard address."""
+    from lazytpu.distributed import runtime
+
+    if rank != 0 or not os.path.exists("/proc/net/tcp"):
+        return
+    port = int(runtime.RUNTIME.coordinator_address.rsplit(":", 1)[1])
+    listening = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.split(":")
+                if state == "0A" and int(hex_port, 16) == port:
+                    listening.append(address)
+    assert listening, f"nothing listens on the coordinator port {port}"
+    assert all(a.strip("0") for a in listening), f"a wildcard address listens on port {port}: {listening}"
+
+
 def _section_strict_collectives(rank, world):
     import torch
     import torch.distributed as dist
@@ -623,7 +646,13 @@ def _section_devices(rank, world):
 JOBS = {
     "defer": Job(
         {"TORCHTPU_EAGER_MODE": "defer"},
-        [_section_collectives, _section_functional, _section_ddp_mlp, _section_ddp_transformer],
+        [
+            _section_coordinator_bind,
+            _section_collectives,
+            _section_functional,
+            _section_ddp_mlp,
+            _section_ddp_transformer,
+        ],
     ),
     "strict": Job(
         {"TORCHTPU_EAGER_MODE": "strict", "DIST_TEST_HEARTBEAT_S": "5"},

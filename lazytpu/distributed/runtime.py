@@ -59,6 +59,7 @@ class _Runtime:
         self.lock = threading.Lock()
         self.options = JaxOptions()
         self.world_size: int | None = None  # None: not started by us
+        self.coordinator_address: str | None = None  # where JAX's coordinator is (when we started it)
 
 
 RUNTIME = _Runtime()
@@ -72,7 +73,7 @@ def options() -> JaxOptions:
 def _jax_distributed_started() -> bool:
     from jax._src import distributed
 
-    return distributed.global_state.client is not None
+    return getattr(distributed.global_state, "client", None) is not None
 
 
 def _backends_started() -> bool:
@@ -143,7 +144,7 @@ def _start(store, rank: int, world_size: int, timeout: datetime.timedelta | None
             "(or torch.tpu call) of the process: JAX's multi-process runtime can only start before "
             "JAX creates its devices"
         )
-    address = _coordinator_address(store, rank)
+    address = RUNTIME.coordinator_address = _coordinator_address(store, rank)
     if jax.config.jax_cpu_collectives_implementation in (None, "", "none"):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     opts = RUNTIME.options
