@@ -141,7 +141,7 @@ class DeviceContext:
             blocking = MODE.current is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
             try:
                 outs = runtime.execute(
-                    (program.key, donate),
+                    (program.key, donate, self.index),
                     lambda: lower_program(program),
                     inputs,
                     index=self.index,

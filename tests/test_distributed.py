@@ -20,8 +20,6 @@ import tempfile
 import time
 from collections.abc import Callable
 
-import pytest
-
 WATCHDOG_S = 90  # a worker running longer dumps its stacks and exits
 LAUNCH_TIMEOUT_S = 150  # the launcher kills whatever still runs after this
 GRACE_S = 20  # after one rank fails, the others get this long to fail too
@@ -207,11 +205,6 @@ def test_many_devices_in_one_process():
     assert_alone("devices", "devices")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core: compiled programs are cached without their device index, so tpu:1 reuses tpu:0's program "
-    "(and its placement); see lazytpu/distributed report",
-)
 def test_each_device_computes_on_itself():
     assert_alone("devices", "placement")
 

@@ -53,13 +53,13 @@ def _ensure_dir(path: Path) -> bool:
 
 def _entry_key(text: str, device, signature: str) -> str:
     h = hashlib.sha256()
-    for part in (jax.__version__, device.platform, device.device_kind, signature, text):
+    for part in (jax.__version__, device.platform, device.device_kind, str(device.id), signature, text):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
 
 
-def _load(path: Path, key: str):
+def _load(path: Path, key: str, device):
     try:
         info = path.stat()
         if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
@@ -74,7 +74,7 @@ def _load(path: Path, key: str):
         if hashlib.sha256(payload).hexdigest() != digest:
             raise ValueError("payload digest mismatch (corrupted)")
         serialized, in_tree, out_tree = pickle.loads(payload)
-        return serialize_executable.deserialize_and_load(serialized, in_tree, out_tree)
+        return serialize_executable.deserialize_and_load(serialized, in_tree, out_tree, execution_devices=[device])
     except FileNotFoundError:
         return None
     except Exception as exc:  # never execute what does not verify
@@ -109,7 +109,7 @@ def load_or_compile(lowered, device, signature: str):
         return lowered.compile()
     key = _entry_key(lowered.as_text(), device, signature)
     path = root / key
-    compiled = _load(path, key)
+    compiled = _load(path, key, device)
     if compiled is not None:
         metrics.add("disk_cache_hits")
         return compiled

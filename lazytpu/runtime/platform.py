@@ -18,7 +18,7 @@ def _present() -> dict[str, list]:
     found = {}
     for name in _PREFERENCE:
         try:
-            devs = jax.devices(name)
+            devs = jax.local_devices(backend=name)  # this process's devices (multi-process jobs)
         except RuntimeError:
             continue
         if devs:
