@@ -10,6 +10,7 @@ from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
     random,
     reduction,
     shape,
+    sorting,
     views,
 )
 from lazytpu.lowering.program import LoweringError, apply_op, lower_program

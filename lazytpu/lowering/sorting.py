@@ -1,0 +1,239 @@
+"""Sorting and order statistics: sort, topk, kthvalue, median, mode,
+searchsorted/bucketize and histograms (static bin counts, so static shapes).
+
+Note [NaN order]: torch orders NaN above every number: an ascending sort puts
+NaNs last, a descending one first; ``topk`` takes them as the largest values;
+``median`` returns NaN (and a NaN's index) when a slice holds one.
+
+Note [Stable ties]: every sort here is stable, so ties keep their input order
+(torch's CPU sort does too); a descending sort reverses the order of values,
+not of ties.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from lazytpu.lowering.registry import lowering
+
+aten = torch.ops.aten
+
+
+def _descending_keys(x) -> tuple:
+    """Sort keys whose ascending order is ``x``'s descending one (Note [NaN order])."""
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        return (jnp.where(jnp.isnan(x), 0, 1).astype(jnp.int8), -x)
+    if x.dtype == jnp.bool_:
+        return (~x,)
+    return (~x,)  # bitwise not reverses signed and unsigned integer order without overflow
+
+
+def sort_along(x, axis: int, descending: bool = False):
+    """``(values, int64 indices)`` of a stable sort of ``x`` along ``axis``."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    iota = lax.broadcasted_iota(jnp.int64, x.shape, axis)
+    keys = _descending_keys(x) if descending else (x,)
+    out = lax.sort((*keys, x, iota), dimension=axis, is_stable=True, num_keys=len(keys))
+    return out[-2], out[-1]
+
+
+def _axis(x, dim: int) -> int:
+    return dim % x.ndim if x.ndim else 0
+
+
+@lowering(aten.sort.default)
+def sort(x, dim=-1, descending=False):
+    return sort_along(x, _axis(x, dim), descending)
+
+
+@lowering(aten.sort.stable)
+def sort_stable(x, *, stable=None, dim=-1, descending=False):
+    return sort_along(x, _axis(x, dim), descending)
+
+
+@lowering(aten.topk.default)
+def topk(x, k, dim=-1, largest=True, sorted=True):  # noqa: A002 - torch's argument name
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = _axis(x, dim)
+    values, indices = sort_along(x, axis, descending=largest)
+    return lax.slice_in_dim(values, 0, k, axis=axis), lax.slice_in_dim(indices, 0, k, axis=axis)
+
+
+def _take(values, indices, axis: int, position, keepdim: bool):
+    """The ``position``-th entry along ``axis`` of both arrays (``position``
+    broadcast against the other axes)."""
+    pos = jnp.expand_dims(jnp.asarray(position, jnp.int64), axis) if jnp.ndim(position) else position
+    if jnp.ndim(pos) == 0:
+        pos = jnp.full(values.shape[:axis] + (1,) + values.shape[axis + 1 :], pos, jnp.int64)
+    v = jnp.take_along_axis(values, pos, axis=axis)
+    i = jnp.take_along_axis(indices, pos, axis=axis)
+    return (v, i) if keepdim else (jnp.squeeze(v, axis), jnp.squeeze(i, axis))
+
+
+@lowering(aten.kthvalue.default)
+def kthvalue(x, k, dim=-1, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = _axis(x, dim)
+    values, indices = sort_along(x, axis)
+    return _take(values, indices, axis, k - 1, keepdim)
+
+
+def _median(x, axis: int, keepdim: bool, *, skip_nan: bool):
+    """Lower median along ``axis`` (Note [NaN order])."""
+    values, indices = sort_along(x, axis)
+    n = x.shape[axis]
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return _take(values, indices, axis, (n - 1) // 2, keepdim)
+    valid = jnp.sum(~jnp.isnan(x), axis=axis)
+    if skip_nan:
+        position = jnp.maximum((valid - 1) // 2, 0)
+    else:  # any NaN: the first NaN (sorted last) is the answer
+        position = jnp.where(valid < n, valid, (n - 1) // 2)
+    return _take(values, indices, axis, position, keepdim)
+
+
+@lowering(aten.median.default)
+def median(x):
+    return _median(x.reshape(-1), 0, False, skip_nan=False)[0]
+
+
+@lowering(aten.nanmedian.default)
+def nanmedian(x):
+    return _median(x.reshape(-1), 0, False, skip_nan=True)[0]
+
+
+@lowering(aten.median.dim)
+def median_dim(x, dim, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    return _median(x, _axis(x, dim), keepdim, skip_nan=False)
+
+
+@lowering(aten.nanmedian.dim)
+def nanmedian_dim(x, dim, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    return _median(x, _axis(x, dim), keepdim, skip_nan=True)
+
+
+@lowering(aten.mode.default)
+def mode(x, dim=-1, keepdim=False):
+    """The most frequent value (the smallest on ties) and its last index."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    axis = _axis(x, dim)
+    values, indices = sort_along(jnp.moveaxis(x, axis, -1), x.ndim - 1)
+    n = values.shape[-1]
+    if n == 0:
+        out = values[..., :1], indices[..., :1]
+    else:
+        new_run = jnp.concatenate([jnp.ones_like(values[..., :1], bool), values[..., 1:] != values[..., :-1]], -1)
+        run_start = lax.cummax(jnp.where(new_run, jnp.arange(n), 0), axis=values.ndim - 1)
+        length = jnp.arange(n) - run_start + 1  # run length so far, at each position
+        best = jnp.argmax(length, axis=-1, keepdims=True)  # first longest run: the smallest value
+        value = jnp.take_along_axis(values, best, -1)
+        last = jnp.max(jnp.where(values == value, indices, -1), axis=-1, keepdims=True)
+        out = value, last
+    v, i = (jnp.moveaxis(o, -1, axis) for o in out)
+    return (v, i) if keepdim else (jnp.squeeze(v, axis), jnp.squeeze(i, axis))
+
+
+# -- searching -----------------------------------------------------------------
+
+
+def _searchsorted(boundaries, x, *, right: bool, side, sorter):
+    if sorter is not None:
+        boundaries = jnp.take_along_axis(boundaries, sorter, axis=-1)
+    how = "right" if (side == "right" or (side is None and right)) else "left"
+    if boundaries.shape[-1] == 0 or x.size == 0:
+        return jnp.zeros(x.shape, jnp.int64)
+    if boundaries.ndim == 1:
+        return jnp.searchsorted(boundaries, x, side=how)
+    batch = boundaries.shape[:-1]
+    flat_b = boundaries.reshape((-1, boundaries.shape[-1]))
+    flat_x = x.reshape((flat_b.shape[0], -1))
+    out = jax.vmap(lambda b, v: jnp.searchsorted(b, v, side=how))(flat_b, flat_x)
+    return out.reshape(batch + x.shape[len(batch) :])
+
+
+@lowering(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
+def searchsorted(boundaries, x, *, out_int32=False, right=False, side=None, sorter=None):
+    return _searchsorted(boundaries, jnp.asarray(x, boundaries.dtype), right=right, side=side, sorter=sorter)
+
+
+@lowering(aten.bucketize.Tensor, aten.bucketize.Scalar)
+def bucketize(x, boundaries, *, out_int32=False, right=False):
+    return _searchsorted(boundaries, jnp.asarray(x, boundaries.dtype), right=right, side=None, sorter=None)
+
+
+# -- histograms ----------------------------------------------------------------
+
+
+def _bin_counts(x, index, inside, bins: int, weight=None):
+    w = inside.astype(x.dtype) if weight is None else jnp.where(inside, weight, 0).astype(x.dtype)
+    return jnp.zeros((bins,), x.dtype).at[jnp.where(inside, index, 0)].add(w)
+
+
+def _linear_bins(x, lo, hi, bins: int):
+    """Bin of each ``x`` among ``bins`` equal bins of ``[lo, hi]`` (the last
+    one closed), as torch computes it, and whether it falls inside."""
+    index = jnp.floor((x - lo) * bins / (hi - lo)).astype(jnp.int64)
+    index = jnp.where(x == hi, bins - 1, index)
+    inside = (x >= lo) & (x <= hi) & ~jnp.isnan(x)
+    return jnp.clip(index, 0, bins - 1), inside
+
+
+@lowering(aten.histc.default)
+def histc(x, bins=100, min=0, max=0):  # noqa: A002 - torch's argument names
+    flat = x.reshape(-1)
+    empty = flat.size == 0
+    lo = jnp.asarray(min, x.dtype)
+    hi = jnp.asarray(max, x.dtype)
+    data_lo = jnp.asarray(0, x.dtype) if empty else jnp.min(flat)
+    data_hi = jnp.asarray(0, x.dtype) if empty else jnp.max(flat)
+    same = lo == hi
+    lo, hi = jnp.where(same, data_lo, lo), jnp.where(same, data_hi, hi)
+    same = lo == hi
+    lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
+    index, inside = _linear_bins(flat, lo, hi, bins)
+    return _bin_counts(flat, index, inside, bins)
+
+
+def _edges(x, bins: int, range_):
+    if range_ is not None:
+        lo, hi = (jnp.asarray(v, x.dtype) for v in range_)
+    elif x.size:
+        lo, hi = jnp.min(x), jnp.max(x)
+    else:
+        lo = hi = jnp.zeros((), x.dtype)
+    same = lo == hi
+    lo, hi = jnp.where(same, lo - 0.5, lo), jnp.where(same, hi + 0.5, hi)
+    return jnp.linspace(lo, hi, bins + 1).astype(x.dtype)
+
+
+def _histogram(x, edges, weight, density: bool):
+    flat = x.reshape(-1)
+    bins = edges.shape[0] - 1
+    index = jnp.searchsorted(edges, flat, side="right") - 1
+    index = jnp.where(flat == edges[-1], bins - 1, index)
+    inside = (flat >= edges[0]) & (flat <= edges[-1])
+    hist = _bin_counts(flat, index, inside, bins, None if weight is None else weight.reshape(-1))
+    if density:
+        hist = hist / (jnp.sum(hist) * jnp.diff(edges))
+    return hist, edges
+
+
+@lowering(aten.histogram.bin_ct)
+def histogram(x, bins=100, *, range=None, weight=None, density=False):  # noqa: A002
+    return _histogram(x, _edges(x, bins, range), weight, density)
+
+
+@lowering(aten.histogram.bins_tensor)
+def histogram_edges(x, bins, *, weight=None, density=False):
+    return _histogram(x, bins, weight, density)
