@@ -309,8 +309,8 @@ def draw_inputs(data, case: Case, signature: tuple[list, tuple], *, grad: bool) 
     return inputs + list(scalars)
 
 
-# Expected failures, with the reason; each runs once, as a strict xfail, so a
-# fix makes it fail until its entry leaves this table.
+# Expected failures, with the reason: (test, case) -> reason. Empty now; an
+# entry would leave its case out of ``test`` (and should get a strict xfail test).
 XFAIL: dict[tuple[str, str], str] = {}
 
 
@@ -385,18 +385,6 @@ def check_no_fallbacks(case: Case) -> None:
 @pytest.mark.parametrize("name", cases("fallbacks", CASES))
 def test_no_cpu_fallbacks(name):
     check_no_fallbacks(CASES[name])
-
-
-@pytest.mark.parametrize(
-    "test, name",
-    [pytest.param(*key, marks=pytest.mark.xfail(strict=True, reason=reason)) for key, reason in sorted(XFAIL.items())],
-)
-def test_expected_failures(test, name):
-    case = CASES[name]
-    if test == "fallbacks":
-        check_no_fallbacks(case)
-    else:
-        run_both(case.call, *_grad_inputs(case), *case.scalars[-1], grad=test == "grad")
 
 
 # In-place, out= and _foreach_ forms are derived by the dispatcher from the
