@@ -10,7 +10,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from lazytpu import _config, tpu
+from lazytpu import _config, autocast, sdpa, tpu
 from lazytpu.engine import context
 from lazytpu.dispatch import record
 from lazytpu.lowering import get_rule
@@ -97,10 +97,12 @@ def register() -> None:
     lib.impl("empty_strided", _empty_strided, "PrivateUse1")
     lib.impl("_copy_from", _copy_from, "PrivateUse1")
     lib.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
+    sdpa.register(lib)
     _registered.append(lib)  # keep the library alive
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(_backend_fallback, "PrivateUse1")
     _registered.append(fallback)
+    _registered.extend(autocast.register())
     _registered.append(register_optimizer_step_post_hook(_after_optimizer_step))
     # Note [Backward on the caller's thread]: autograd would run tpu backward
     # ops on a device worker thread. That thread can still be dropping its

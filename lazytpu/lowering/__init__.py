@@ -1,12 +1,16 @@
 """Lowering: aten ops to JAX, one pure rule per op, in per-family files."""
 
 from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
+    attention,
+    conv,
     elementwise,
     factories,
     indexing,
     linalg,
     linalg_ext,
     nn,
+    normalization,
+    pooling,
     random,
     reduction,
     shape,

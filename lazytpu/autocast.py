@@ -1,0 +1,157 @@
+"""``torch.autocast("tpu")``: torch's autocast policy on the PrivateUse1 device.
+
+Note [Autocast on PrivateUse1]: ``torch.autocast("tpu", dtype=...)`` accepts
+the device because ``torch.tpu.get_amp_supported_dtype()`` exists; enabling it
+adds the AutocastPrivateUse1 key to every ``tpu`` op. torch registers no
+kernels for that key (not even a fallthrough), so without this module every
+op under autocast fails with "Could not run ... 'Autocasttpu' backend". This
+module registers a fallthrough for all ops and, for the ops of torch's CUDA
+autocast lists (``aten/src/ATen/autocast_mode.h``), kernels that cast their
+floating ``tpu`` arguments and re-dispatch below autocast:
+
+- ``lower``: matmuls, linear, convolutions, attention -> the autocast dtype;
+- ``fp32``: reductions prone to overflow, norms, losses, pointwise ``exp``/``log``... -> float32;
+- ``fp32_set_opt_dtype``: ``sum``/``softmax``/``cumsum``...: computed with ``dtype=float32``
+  unless the call gives a dtype;
+- ``promote``: ops mixing inputs (``cat``, ``addcmul``, ...) -> the widest input dtype.
+
+As in torch, float64 tensors and tensors on other devices are never cast.
+Casts happen above autograd, so backward sees the cast inputs and gradients
+flow back to float32 parameters through the casts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_KEY = torch._C.DispatchKey.AutocastPrivateUse1
+_DEVICE = "tpu"
+
+# Op names, or name.overload; a bare name covers every functional overload.
+_LOWER = """
+    _convolution conv1d conv2d conv3d conv_tbc conv_transpose1d conv_transpose2d.input conv_transpose3d.input
+    convolution prelu addmm addmv addr matmul einsum mm mv linalg_vecdot linear addbmm baddbmm bmm chain_matmul
+    linalg_multi_dot _thnn_fused_lstm_cell _thnn_fused_gru_cell lstm_cell gru_cell rnn_tanh_cell rnn_relu_cell
+    scaled_dot_product_attention
+""".split()
+_FP32 = """
+    acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow.Tensor_Scalar
+    pow.Tensor_Tensor pow.Scalar softplus layer_norm native_layer_norm group_norm frobenius_norm.dim nuclear_norm
+    cosine_similarity poisson_nll_loss cosine_embedding_loss nll_loss nll_loss2d hinge_embedding_loss kl_div l1_loss
+    smooth_l1_loss huber_loss mse_loss margin_ranking_loss multilabel_margin_loss soft_margin_loss
+    triplet_margin_loss multi_margin_loss binary_cross_entropy_with_logits dist pdist cdist renorm logsumexp
+    upsample_nearest1d _upsample_nearest_exact1d upsample_nearest2d _upsample_nearest_exact2d upsample_nearest3d
+    _upsample_nearest_exact3d upsample_linear1d upsample_bilinear2d _upsample_bilinear2d_aa upsample_trilinear3d
+    upsample_bicubic2d _upsample_bicubic2d_aa norm
+    cross_entropy_loss
+""".split()  # cross_entropy_loss: from torch's CPU list (CUDA runs its log_softmax in the input dtype)
+_FP32_SET_OPT_DTYPE = "prod softmax log_softmax cumprod cumsum linalg_vector_norm linalg_matrix_norm sum".split()
+_PROMOTE = """
+    addcdiv addcmul atan2 bilinear cross dot vdot grid_sampler index_put tensordot scatter_add cat stack index_copy
+""".split()
+
+
+def _eligible(x) -> bool:
+    return (
+        isinstance(x, torch.Tensor) and x.is_floating_point() and x.device.type == _DEVICE and x.dtype != torch.float64
+    )
+
+
+def _cast(x, dtype):
+    if _eligible(x) and x.dtype != dtype:
+        return x.to(dtype)
+    if isinstance(x, (list, tuple)) and any(isinstance(y, torch.Tensor) for y in x):
+        return type(x)(_cast(y, dtype) for y in x)
+    return x
+
+
+def _tensors(args):
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (y for y in a if isinstance(y, torch.Tensor))
+
+
+def _cast_all(args, kwargs, dtype):
+    return [_cast(a, dtype) for a in args], {k: _cast(v, dtype) for k, v in kwargs.items()}
+
+
+def _lower(op, args, kwargs):
+    return _cast_all(args, kwargs, torch.get_autocast_dtype(_DEVICE))
+
+
+def _fp32(op, args, kwargs):
+    return _cast_all(args, kwargs, torch.float32)
+
+
+def _fp32_set_opt_dtype(op, args, kwargs):
+    # Only when the first argument is eligible: an explicit dtype could change
+    # torch's own promotion otherwise. A dtype the caller gave is kept.
+    args, kwargs = list(args), dict(kwargs)
+    names = [a.name for a in op._schema.arguments]
+    if not (args and _eligible(args[0]) and "dtype" in names):
+        return args, kwargs
+    i = names.index("dtype")
+    if i < len(args):
+        if args[i] is None:
+            args[i] = torch.float32
+    elif kwargs.get("dtype") is None:
+        kwargs["dtype"] = torch.float32
+    return args, kwargs
+
+
+def _promote(op, args, kwargs):
+    widest = torch.get_autocast_dtype(_DEVICE)
+    for t in _tensors(list(args) + list(kwargs.values())):
+        if _eligible(t):
+            widest = torch.promote_types(widest, t.dtype)
+    return _cast_all(args, kwargs, widest)
+
+
+def _kernel(op, policy):
+    def autocast_kernel(*args, **kwargs):
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(_KEY)):
+            args, kwargs = policy(op, args, kwargs)
+            return op(*args, **kwargs)
+
+    autocast_kernel.__qualname__ = f"autocast_{policy.__name__.lstrip('_')}[{op}]"
+    return autocast_kernel
+
+
+def _overloads(spec: str) -> list:
+    """The aten overloads a policy entry names (none if this torch lacks the op)."""
+    name, _, overload = spec.partition(".")
+    packet = getattr(torch.ops.aten, name, None)
+    if packet is None:
+        return []
+    names = [overload] if overload else [n for n in packet.overloads() if "out" not in n]
+    return [getattr(packet, n) for n in names if n in packet.overloads()]
+
+
+POLICIES = {
+    "lower": (_LOWER, _lower),
+    "fp32": (_FP32, _fp32),
+    "fp32_set_opt_dtype": (_FP32_SET_OPT_DTYPE, _fp32_set_opt_dtype),
+    "promote": (_PROMOTE, _promote),
+}
+
+
+def policy_of(op) -> str | None:
+    """The autocast policy name of an aten overload on ``tpu`` (None: runs as is)."""
+    for name, (specs, _) in POLICIES.items():
+        if any(op in _overloads(spec) for spec in specs):
+            return name
+    return None
+
+
+def register() -> list[torch.library.Library]:
+    """Install the fallthrough and the policy kernels; returns the libraries to keep alive."""
+    fallthrough = torch.library.Library("_", "IMPL")
+    fallthrough.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+    kernels = torch.library.Library("aten", "IMPL")
+    for specs, policy in POLICIES.values():
+        for spec in specs:
+            for op in _overloads(spec):
+                kernels.impl(op, _kernel(op, policy), "AutocastPrivateUse1")
+    return [fallthrough, kernels]

@@ -1,0 +1,104 @@
+"""Convolutions (plain, grouped, dilated, transposed; 1-3 spatial dims) and their backward.
+
+``conv1d/2d/3d`` and ``conv_transpose*`` are CompositeImplicit in torch: they
+arrive here as ``convolution`` (a batched input, every argument explicit);
+autograd's backward is ``convolution_backward``.
+
+Note [Transposed convolution]: torch stores a transposed convolution's weight
+as ``(C_in, C_out // groups, *k)``. It is the gradient of a plain convolution
+with respect to its input, so it runs as a plain convolution over the input
+dilated by ``stride`` with the kernel flipped, in/out channels swapped within
+each group, and padding ``dilation * (k - 1) - padding`` on each side (plus
+``output_padding`` on the high side).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from lazytpu.lowering.reduction import upcast
+from lazytpu.lowering.registry import lowering
+
+aten = torch.ops.aten
+
+_SPATIAL = "DHW"
+
+
+def _dimension_numbers(nd: int) -> tuple[str, str, str]:
+    spatial = _SPATIAL[-nd:] if nd <= 3 else None
+    if spatial is None:
+        raise NotImplementedError(f"lazytpu: convolution with {nd} spatial dims")
+    return "NC" + spatial, "OI" + spatial, "NC" + spatial
+
+
+def _transposed_weight(w, groups: int):
+    """``(C_in, C_out // g, *k)`` -> ``(C_out, C_in // g, *k)``, flipped (Note [Transposed convolution])."""
+    c_in, c_out_g, *k = w.shape
+    w = w.reshape(groups, c_in // groups, c_out_g, *k).swapaxes(1, 2).reshape(groups * c_out_g, c_in // groups, *k)
+    return jnp.flip(w, axis=tuple(range(2, w.ndim)))
+
+
+def conv(x, w, stride, padding, dilation, transposed, output_padding, groups):
+    """The convolution of ``x`` by ``w`` (no bias), as torch defines it."""
+    nd = x.ndim - 2
+    dn = _dimension_numbers(nd)
+    # Half inputs accumulate in float32, as torch's CPU kernels do.
+    acc = jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else None
+    if not transposed:
+        return jax.lax.conv_general_dilated(
+            x,
+            w,
+            window_strides=tuple(stride),
+            padding=[(p, p) for p in padding],
+            rhs_dilation=tuple(dilation),
+            dimension_numbers=dn,
+            feature_group_count=groups,
+            preferred_element_type=acc,
+        )
+    k = w.shape[2:]
+    pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op) for kk, p, d, op in zip(k, padding, dilation, output_padding)]
+    return jax.lax.conv_general_dilated(
+        x,
+        _transposed_weight(w, groups),
+        window_strides=(1,) * nd,
+        padding=pads,
+        lhs_dilation=tuple(stride),
+        rhs_dilation=tuple(dilation),
+        dimension_numbers=dn,
+        feature_group_count=groups,
+        preferred_element_type=acc,
+    )
+
+
+def _attrs(x, stride, padding, dilation, transposed, output_padding, groups) -> tuple:
+    """``conv``'s attributes with one value per spatial dim (torch allows one value for all)."""
+    nd = x.ndim - 2
+
+    def expand(values):
+        values = tuple(values)
+        return values * nd if len(values) == 1 else values
+
+    return expand(stride), expand(padding), expand(dilation), transposed, expand(output_padding), groups
+
+
+@lowering(aten.convolution.default, aten.convolution_overrideable.default)
+def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    out = conv(x, w, *_attrs(x, stride, padding, dilation, transposed, output_padding, groups))
+    if bias is not None:
+        out = out + bias.reshape((1, -1) + (1,) * (x.ndim - 2))
+    return out
+
+
+@lowering(aten.convolution_backward.default, aten.convolution_backward_overrideable.default)
+def convolution_backward(grad_output, x, w, *rest):
+    # convolution_backward has ``bias_sizes`` before ``stride``; the overrideable form has not.
+    if len(rest) == 8:
+        rest = rest[1:]
+    *attrs, output_mask = rest
+    attrs = _attrs(x, *attrs)
+    _, vjp = jax.vjp(lambda a, b: conv(a, b, *attrs).astype(grad_output.dtype), x, w)
+    grad_x, grad_w = vjp(grad_output)
+    grad_b = jnp.sum(upcast(grad_output), axis=(0,) + tuple(range(2, grad_output.ndim)))
+    return tuple(g for g, wanted in zip((grad_x, grad_w, grad_b), output_mask) if wanted)

@@ -1,0 +1,98 @@
+"""Mixed precision: ``torch.autocast("tpu", dtype=torch.bfloat16)`` (Note [Autocast on PrivateUse1])."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from test_models_cnn import _train, classifier
+
+import lazytpu
+from lazytpu import autocast as tpu_autocast
+
+BF16 = torch.bfloat16
+
+
+def test_amp_is_available():
+    assert torch.bfloat16 in torch.tpu.get_amp_supported_dtype()
+    assert torch.amp.is_autocast_available("tpu")
+    with torch.autocast("tpu", dtype=BF16):
+        assert torch.is_autocast_enabled("tpu")
+        assert torch.get_autocast_dtype("tpu") == BF16
+    assert not torch.is_autocast_enabled("tpu")
+
+
+def _x(*shape):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to("tpu")
+
+
+# (what, fn, expected dtype under bfloat16 autocast)
+CASES = {
+    "linear": (lambda: F.linear(_x(4, 8), _x(3, 8), _x(3)), BF16),
+    "matmul": (lambda: _x(4, 8) @ _x(8, 2), BF16),
+    "bmm": (lambda: torch.bmm(_x(2, 3, 4), _x(2, 4, 5)), BF16),
+    "conv2d": (lambda: F.conv2d(_x(1, 3, 6, 6), _x(4, 3, 3, 3)), BF16),
+    "sdpa": (lambda: F.scaled_dot_product_attention(_x(1, 2, 4, 8), _x(1, 2, 4, 8), _x(1, 2, 4, 8)), BF16),
+    "softmax": (lambda: torch.softmax(_x(4, 8).to(BF16), -1), torch.float32),
+    "log_softmax_explicit_dtype": (lambda: torch.log_softmax(_x(4, 8).to(BF16), -1, dtype=BF16), BF16),
+    "sum": (lambda: _x(4, 8).to(BF16).sum(), torch.float32),
+    "exp": (lambda: _x(4).to(BF16).exp(), torch.float32),
+    "layer_norm": (lambda: F.layer_norm(_x(4, 8).to(BF16), (8,)), torch.float32),
+    "cross_entropy": (
+        lambda: F.cross_entropy(_x(4, 8).to(BF16), torch.tensor([0, 1, 2, 3], device="tpu")),
+        torch.float32,
+    ),
+    "mse_loss": (lambda: F.mse_loss(_x(4).to(BF16), _x(4).to(BF16)), torch.float32),
+    "cat_promotes": (lambda: torch.cat([_x(2).to(BF16), _x(2)]), torch.float32),
+    "relu_keeps": (lambda: F.relu(_x(4).to(BF16)), BF16),
+    "float64_untouched": (lambda: _x(2, 2).double() @ _x(2, 2).double(), torch.float64),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_autocast_policy(name):
+    fn, expected = CASES[name]
+    with torch.autocast("tpu", dtype=BF16):
+        out = fn()
+    assert out.dtype == expected
+    assert torch.isfinite(out.float()).all()
+
+
+def test_autocast_disabled_region_and_cpu_tensors():
+    a, b = _x(4, 8), _x(8, 2)
+    with torch.autocast("tpu", dtype=BF16):
+        with torch.autocast("tpu", enabled=False):
+            assert (a @ b).dtype == torch.float32
+        assert (a.cpu() @ b.cpu()).dtype == torch.float32  # CPU autocast is not on
+        assert (a @ b).dtype == BF16
+
+
+def test_policy_tables_name_real_ops():
+    for specs, _ in tpu_autocast.POLICIES.values():
+        for spec in specs:
+            assert tpu_autocast._overloads(spec), spec
+    assert tpu_autocast.policy_of(torch.ops.aten.mm.default) == "lower"
+    assert tpu_autocast.policy_of(torch.ops.aten.sum.dim_IntList) == "fp32_set_opt_dtype"
+    assert tpu_autocast.policy_of(torch.ops.aten.relu.default) is None
+
+
+def test_autocast_backward_gives_float32_grads():
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4)).to("tpu")
+    with torch.autocast("tpu", dtype=BF16):
+        out = model(_x(5, 8))
+        loss = F.cross_entropy(out, torch.tensor([0, 1, 2, 3, 0], device="tpu"))
+    assert out.dtype == BF16 and loss.dtype == torch.float32
+    loss.backward()
+    assert all(p.grad.dtype == torch.float32 for p in model.parameters())
+
+
+def test_bf16_cnn_training_matches_cpu_autocast():
+    """Convolutions and linear layers in bfloat16, losses in float32, 10 steps."""
+    cpu_losses = _train(classifier(), "cpu", autocast=BF16)
+    lazytpu.metrics.reset()
+    tpu_losses = _train(classifier(), "tpu", autocast=BF16)
+    assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {}
+    # bfloat16 tolerance (the two autocast policies differ in a few ops, e.g. CPU keeps batch norm in bf16)
+    torch.testing.assert_close(tpu_losses, cpu_losses, rtol=1.6e-2, atol=1e-2)
+    assert tpu_losses[-1] < tpu_losses[0]

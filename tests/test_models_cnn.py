@@ -1,0 +1,207 @@
+"""Convolutional networks on ``tpu``: the conv, pooling and batch-norm lowerings, then a
+small classifier trained 10 steps and evaluated, against CPU torch.
+
+Dropout: CPU and ``tpu`` draw masks from different generators, so the parity
+run uses the classifier with its Dropout at ``p=0``; ``test_cnn_trains_with_dropout``
+trains it with ``p=0.5`` on ``tpu`` (checking that it learns, without CPU
+fallback), and eval-mode inference, where dropout is off, is compared exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from conftest import run_both
+
+import lazytpu
+
+# -- ops -----------------------------------------------------------------------
+
+CONVS = {
+    "conv2d": (lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1), (2, 4, 9, 9), (6, 4, 3, 3), (6,)),
+    "conv2d_groups_dilation": (
+        lambda x, w, b: F.conv2d(x, w, b, padding=2, dilation=2, groups=2),
+        (2, 4, 9, 9),
+        (6, 2, 3, 3),
+        (6,),
+    ),
+    "conv2d_same": (lambda x, w, b: F.conv2d(x, w, b, padding="same"), (1, 3, 7, 8), (5, 3, 3, 2), (5,)),
+    "conv1d": (lambda x, w, b: F.conv1d(x, w, b, stride=2), (2, 3, 11), (5, 3, 3), (5,)),
+    "conv3d": (lambda x, w, b: F.conv3d(x, w, b, padding=1, stride=(1, 2, 1)), (1, 2, 5, 6, 4), (3, 2, 3, 3, 3), (3,)),
+    "conv_transpose2d": (
+        lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1, groups=2),
+        (2, 4, 5, 5),
+        (4, 3, 3, 3),
+        (6,),
+    ),
+    "conv_transpose1d_dilation": (
+        lambda x, w, b: F.conv_transpose1d(x, w, b, stride=3, dilation=2),
+        (2, 3, 6),
+        (3, 2, 3),
+        (2,),
+    ),
+    "conv_unbatched": (lambda x, w, b: F.conv2d(x, w, b, padding=1), (3, 6, 6), (4, 3, 3, 3), (4,)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONVS))
+def test_convolution_forward_backward(name):
+    fn, *shapes = CONVS[name]
+    gen = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(s, generator=gen).requires_grad_() for s in shapes]
+    run_both(fn, *inputs, grad=True)
+
+
+POOLS = {
+    "max2d": lambda x: F.max_pool2d(x, 3, 2, 1),
+    "max2d_ceil": lambda x: F.max_pool2d(x, 2, 2, ceil_mode=True),
+    "max2d_dilation_indices": lambda x: F.max_pool2d(x, 2, 1, 1, dilation=2, return_indices=True),
+    "max1d": lambda x: F.max_pool1d(x.flatten(2), 3, 2),
+    "max3d": lambda x: F.max_pool3d(x, 2, ceil_mode=True),
+    "avg2d": lambda x: F.avg_pool2d(x, 3, 2, 1),
+    "avg2d_exclude_pad_ceil": lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+    "avg2d_ceil": lambda x: F.avg_pool2d(x, 2, 2, 1, ceil_mode=True),
+    "avg2d_divisor": lambda x: F.avg_pool2d(x, 2, divisor_override=3),
+    "avg1d": lambda x: F.avg_pool1d(x.flatten(2), 4, 3, 2),
+    "avg3d": lambda x: F.avg_pool3d(x, 2, 1),
+    "adaptive_avg2d": lambda x: F.adaptive_avg_pool2d(x, (4, 3)),
+    "adaptive_avg2d_global": lambda x: F.adaptive_avg_pool2d(x, 1),
+    "adaptive_avg1d": lambda x: F.adaptive_avg_pool1d(x.flatten(2), 5),
+    "adaptive_avg3d": lambda x: F.adaptive_avg_pool3d(x, (2, 3, 2)),
+    "max2d_unbatched": lambda x: F.max_pool2d(x[0], 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(POOLS))
+def test_pooling_forward_backward(name):
+    gen = torch.Generator().manual_seed(0)
+    shape = (2, 3, 4, 7, 5) if "3d" in name else (2, 3, 9, 7)
+    run_both(POOLS[name], torch.randn(shape, generator=gen).requires_grad_(), grad=True)
+
+
+def test_max_pool_ties_pick_the_first_index():
+    x = torch.tensor([[[[1.0, 3.0, 3.0, 0.0], [3.0, 2.0, 0.0, 3.0]]]])
+    run_both(lambda t: F.max_pool2d(t, 2, return_indices=True), x.requires_grad_(), grad=True)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_forward_backward(training):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, 5, 5, generator=gen).requires_grad_()
+    weight, bias = torch.randn(3, generator=gen).requires_grad_(), torch.randn(3, generator=gen).requires_grad_()
+    stats = torch.randn(3, generator=gen), torch.rand(3, generator=gen) + 0.5
+
+    def fn(x, weight, bias, mean, var):
+        out = F.batch_norm(x, mean, var, weight, bias, training=training, momentum=0.3, eps=1e-4)
+        return out, mean, var  # the running statistics are updated in place in training
+
+    run_both(fn, x, weight, bias, *stats, grad=True)
+
+
+@pytest.mark.parametrize("op", ["functional", "no_training", "no_stats"])
+def test_batch_norm_functional_forms(op):
+    aten = torch.ops.aten
+    calls = {
+        "functional": lambda x, w, b, m, v: aten._native_batch_norm_legit_functional(x, w, b, m, v, True, 0.1, 1e-5),
+        # CPU returns empty saved statistics here (other devices, and the meta kernel, the running ones)
+        "no_training": lambda x, w, b, m, v: aten._native_batch_norm_legit_no_training(x, w, b, m, v, 0.1, 1e-5)[0],
+        "no_stats": lambda x, w, b, m, v: aten._native_batch_norm_legit.no_stats(x, w, b, True, 0.1, 1e-5),
+    }
+    gen = torch.Generator().manual_seed(0)
+    args = [
+        torch.randn(3, 4, 2, 3, generator=gen),
+        torch.randn(4, generator=gen),
+        torch.randn(4, generator=gen),
+        torch.randn(4, generator=gen),
+        torch.rand(4, generator=gen) + 0.5,
+    ]
+    run_both(calls[op], *args)
+
+
+def test_instance_norm_forward_backward():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 6, 5, generator=gen).requires_grad_()
+    run_both(lambda t: F.instance_norm(t), x, grad=True)
+
+
+# -- a small classifier ----------------------------------------------------------
+
+
+def classifier(p: float = 0.0) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Dropout(p),
+        nn.Linear(16, 10),
+    )
+
+
+def _data():
+    gen = torch.Generator().manual_seed(1)
+    images = [torch.randn(8, 3, 16, 16, generator=gen) for _ in range(3)]
+    labels = [torch.randint(0, 10, (8,), generator=gen) for _ in range(3)]
+    return images, labels
+
+
+def _train(model, device: str, steps: int = 10, autocast: torch.dtype | None = None):
+    """Losses of ``steps`` SGD steps (forward and loss under autocast to ``autocast`` when given)."""
+    images, labels = _data()
+    model.to(device).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for step in range(steps):
+        opt.zero_grad()
+        with torch.autocast(device, dtype=autocast, enabled=autocast is not None):
+            logits = model(images[step % 3].to(device))
+            loss = F.cross_entropy(logits, labels[step % 3].to(device))
+        assert logits.dtype == (autocast or torch.float32) and loss.dtype == torch.float32
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return torch.stack([x.cpu() for x in losses])
+
+
+def test_cnn_training_and_eval_match_cpu():
+    cpu_model, tpu_model = classifier(), classifier()
+    cpu_losses = _train(cpu_model, "cpu")
+    lazytpu.metrics.reset()
+    tpu_losses = _train(tpu_model, "tpu")
+    torch.testing.assert_close(tpu_losses, cpu_losses, rtol=1e-4, atol=1e-5)
+    assert cpu_losses[-1] < cpu_losses[0]
+    # parameters and the batch-norm running statistics
+    for (key, expected), actual in zip(cpu_model.state_dict().items(), tpu_model.state_dict().values()):
+        torch.testing.assert_close(actual.cpu(), expected, rtol=1e-4, atol=1e-4, msg=key)
+    cpu_model.eval()
+    tpu_model.eval()
+    images, _ = _data()
+    with torch.no_grad():
+        torch.testing.assert_close(tpu_model(images[0].to("tpu")).cpu(), cpu_model(images[0]), rtol=1e-4, atol=1e-4)
+    assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {}
+
+
+def test_cnn_trains_with_dropout():
+    model = classifier(p=0.5)
+    reference = copy.deepcopy(model)
+    lazytpu.metrics.reset()
+    losses = _train(model, "tpu", steps=10)
+    assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {}
+    assert losses[-3:].mean() < losses[:3].mean()
+    # eval turns dropout off: the trained tpu model agrees with its CPU copy
+    reference.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+    model.eval()
+    reference.eval()
+    images, _ = _data()
+    with torch.no_grad():
+        torch.testing.assert_close(model(images[1].to("tpu")).cpu(), reference(images[1]), rtol=1e-4, atol=1e-4)
