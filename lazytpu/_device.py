@@ -11,8 +11,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from lazytpu import _config, autocast, sdpa, tpu
-from lazytpu.engine import context
 from lazytpu.dispatch import record
+from lazytpu.engine import context
 from lazytpu.lowering import get_rule
 
 aten = torch.ops.aten
@@ -51,8 +51,9 @@ def _after_optimizer_step(optimizer, args, kwargs) -> None:
     even in a loop that never reads a value (asynchronous: it does not wait)."""
     if not _config.SYNC_ON_OPTIMIZER_STEP.get():
         return
-    devices = {p.device.index or 0 for group in optimizer.param_groups for p in group["params"]
-               if p.device.type == "tpu"}
+    devices = {
+        p.device.index or 0 for group in optimizer.param_groups for p in group["params"] if p.device.type == "tpu"
+    }
     for index in sorted(devices):
         context(index).flush("optimizer_step")
 
