@@ -5,6 +5,7 @@ from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
     conv,
     elementwise,
     factories,
+    fft,
     indexing,
     linalg,
     linalg_ext,
@@ -15,6 +16,7 @@ from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
     reduction,
     shape,
     sorting,
+    upsample,
     views,
 )
 from lazytpu.lowering.program import LoweringError, apply_op, lower_program
