@@ -19,8 +19,10 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
+# The OpInfo sweep (tests/test_opinfo.py) is not part of the default run yet:
+# it gets its own target once its slice is measured to fit CI.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --timeout=900 tests
+	$(BIN)/python -m pytest -q --timeout=900 --ignore=tests/test_opinfo.py tests
 
 # 2000 defer-mode training steps: memory, graph and caches must hold flat.
 soak: $(STAMP)
