@@ -269,3 +269,101 @@ def channel_shuffle(x, groups):
     b, c = x.shape[:2]
     rest = x.shape[2:]
     return jnp.swapaxes(x.reshape(b, groups, c // groups, *rest), 1, 2).reshape(x.shape)
+
+
+# -- grid sampling -------------------------------------------------------------
+# Note [Grid sampling]: ``grid[..., k]`` holds normalized coordinates in
+# [-1, 1] of the input's k-th spatial dim counted from the last (x is width).
+# Modes: 0 bilinear, 1 nearest (round half to even), 2 bicubic; padding: 0
+# zeros, 1 border, 2 reflection; torch's GridSampler.h formulas.
+
+
+def _unnormalize(coord, size: int, align_corners: bool):
+    if align_corners:
+        return (coord + 1) / 2 * (size - 1)
+    return ((coord + 1) * size - 1) / 2
+
+
+def _reflect(coord, twice_low: int, twice_high: int):
+    if twice_low == twice_high:
+        return jnp.zeros_like(coord)
+    low = twice_low / 2
+    span = (twice_high - twice_low) / 2
+    coord = jnp.abs(coord - low)
+    extra = jnp.fmod(coord, span)
+    flips = jnp.floor(coord / span)
+    return jnp.where(jnp.fmod(flips, 2) == 0, extra + low, span - extra + low)
+
+
+def _pad_coordinate(coord, size: int, padding: int, align_corners: bool):
+    if padding == 2:
+        twice = (0, 2 * (size - 1)) if align_corners else (-1, 2 * size - 1)
+        coord = _reflect(coord, *twice)
+    if padding in (1, 2):
+        coord = jnp.clip(coord, 0, size - 1)
+    return coord
+
+
+def _gather(x, indices, sizes, padding: int):
+    """``x[n, :, *indices]`` per batch ``n`` (``indices`` shaped like the
+    output), zero where an index falls outside and padding is zeros."""
+    inside = jnp.ones(indices[0].shape, bool)
+    clamped = []
+    for index, size in zip(indices, sizes):
+        inside &= (index >= 0) & (index <= size - 1)
+        clamped.append(jnp.clip(index, 0, size - 1).astype(jnp.int32))
+    values = jax.vmap(lambda xb, *ib: xb[(slice(None), *ib)])(x, *clamped)  # (N, C, *out)
+    return jnp.where(inside[:, None], values, 0) if padding == 0 else values
+
+
+def _grid_sample(x, grid, mode: int, padding: int, align_corners: bool):
+    sizes = x.shape[2:]
+    n = len(sizes)
+    coords = [_unnormalize(grid[..., n - 1 - d], sizes[d], align_corners) for d in range(n)]
+    if mode == 2:
+        return _grid_sample_bicubic(x, coords, sizes, padding, align_corners)
+    coords = [_pad_coordinate(c, s, padding, align_corners) for c, s in zip(coords, sizes)]
+    if mode == 1:
+        return _gather(x, [jnp.round(c) for c in coords], sizes, padding)
+    lows = [jnp.floor(c) for c in coords]
+    out = 0
+    for corner in range(2**n):
+        index, weight = [], 1
+        for d in range(n):
+            high = (corner >> d) & 1
+            index.append(lows[d] + high)
+            weight = weight * (coords[d] - lows[d] if high else lows[d] + 1 - coords[d])
+        out = out + _gather(x, index, sizes, padding) * weight[:, None].astype(x.dtype)
+    return out
+
+
+def _grid_sample_bicubic(x, coords, sizes, padding: int, align_corners: bool):
+    (cy, cx), (h, w) = coords, sizes
+    y0, x0 = jnp.floor(cy), jnp.floor(cx)
+    ty, tx = cy - y0, cx - x0
+
+    def coefficients(t):
+        a = -0.75
+        near = lambda v: ((a + 2) * v - (a + 3)) * v * v + 1  # noqa: E731
+        far = lambda v: ((a * v - 5 * a) * v + 8 * a) * v - 4 * a  # noqa: E731
+        return (far(t + 1), near(t), near(1 - t), far(2 - t))
+
+    wy, wx = coefficients(ty), coefficients(tx)
+    out = 0
+    for i in range(4):
+        iy = _pad_coordinate(y0 - 1 + i, h, padding, align_corners)
+        for j in range(4):
+            ix = _pad_coordinate(x0 - 1 + j, w, padding, align_corners)
+            out = out + _gather(x, [iy, ix], sizes, padding) * (wy[i] * wx[j])[:, None].astype(x.dtype)
+    return out
+
+
+@lowering(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default)
+def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners)
+
+
+@lowering(aten.grid_sampler_2d_backward.default, aten.grid_sampler_3d_backward.default)
+def grid_sampler_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    _, pullback = jax.vjp(lambda v, g: _grid_sample(v, g, interpolation_mode, padding_mode, align_corners), x, grid)
+    return pullback(grad)
