@@ -9,6 +9,7 @@ from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
     indexing,
     linalg,
     linalg_ext,
+    misc,
     nn,
     normalization,
     pooling,

@@ -367,7 +367,7 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     return jnp.sum(out, axis=tuple(sumdim)) if sumdim else out
 
 
-def _p_norm(a, p, ax, keepdim: bool):
+def p_norm(a, p, ax, keepdim: bool):
     """The ``p``-norm of ``|x|`` values ``a`` over ``ax``, for a static or a
     traced ``p`` (a traced one picks its formula with ``lax.switch``: only the
     chosen branch runs)."""
@@ -403,23 +403,23 @@ def _norm_axes(x, dim) -> tuple:
 
 @lowering(aten.norm.Scalar, aten.norm.ScalarOpt_dtype)
 def norm(x, p=2, *, dtype=None):
-    return _p_norm(_norm_acc(x, dtype), 2 if p is None else p, tuple(range(x.ndim)), False)
+    return p_norm(_norm_acc(x, dtype), 2 if p is None else p, tuple(range(x.ndim)), False)
 
 
 @lowering(aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dim_dtype)
 def norm_dim(x, p, dim, keepdim=False, *, dtype=None):
-    return _p_norm(_norm_acc(x, dtype), 2 if p is None else p, _norm_axes(x, dim), keepdim)
+    return p_norm(_norm_acc(x, dtype), 2 if p is None else p, _norm_axes(x, dim), keepdim)
 
 
 @lowering(aten.dist.default)
 def dist(x, y, p=2):
-    return _p_norm(_norm_acc(x - y, None), p, tuple(range(max(x.ndim, y.ndim))), False)
+    return p_norm(_norm_acc(x - y, None), p, tuple(range(max(x.ndim, y.ndim))), False)
 
 
 @lowering(aten.renorm.default)
 def renorm(x, p, dim, maxnorm):
     """Each slice along ``dim`` rescaled to norm at most ``maxnorm``."""
     ax = tuple(d for d in range(x.ndim) if d != dim % x.ndim)
-    norms = _p_norm(_norm_acc(x, None), p, ax, True)
+    norms = p_norm(_norm_acc(x, None), p, ax, True)
     factor = jnp.where(norms > maxnorm, maxnorm / (norms + 1e-7), 1.0)
     return x * factor.astype(x.dtype)
