@@ -55,9 +55,13 @@ def test_out_of_memory_becomes_torch_oom(monkeypatch):
 
 
 def _train(seed: int, results: dict, key: str) -> None:
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 2))
+    # The module's init draws from torch's global CPU generator, which threads share; a private
+    # generator keeps each thread's initial weights independent of the other's timing.
     gen = torch.Generator().manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 2))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
     x, y = torch.randn(10, 6, generator=gen), torch.randn(10, 2, generator=gen)
     model.to("tpu")
     opt = torch.optim.SGD(model.parameters(), lr=0.05)

@@ -33,14 +33,14 @@ _CACHE = _ProgramCache()
 _caches.register("programs", _CACHE.clear)
 
 
-# An input donated but not reusable by any output is simply freed: not news.
-warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-
-
 def _compile(key, fn, inputs, index: int, donate: tuple, on_compile):
     start = time.perf_counter()
     sharding = SingleDeviceSharding(device(index))
-    lowered = jax.jit(fn, out_shardings=sharding, donate_argnums=donate).lower(*inputs)
+    with warnings.catch_warnings():
+        # An input donated but not reusable by any output is simply freed: not news. Filtered
+        # here, not globally, so that a caller's warning filters (pytest's, say) cannot undo it.
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        lowered = jax.jit(fn, out_shardings=sharding, donate_argnums=donate).lower(*inputs)
     if on_compile is not None:
         on_compile(lowered)
     signature = repr((jax.tree_util.tree_structure(inputs), [jax.typeof(x) for x in inputs], donate))
