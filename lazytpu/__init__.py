@@ -12,8 +12,9 @@ or run one by one (strict mode); see ``torch.tpu.set_eager_mode``.
 
 from __future__ import annotations
 
-from lazytpu import _device, compile, debug, metrics, runtime  # compile: registers torch.compile backend "tpu"
-from lazytpu import distributed  # registers the torch.distributed backend "tpu_dist"
+# compile and distributed are imported for their registrations: the torch.compile
+# backend "tpu" and the torch.distributed backend "tpu_dist".
+from lazytpu import _device, compile, debug, distributed, metrics, runtime  # noqa: F401
 from lazytpu.engine import EagerMode, sync_all
 from lazytpu.tensor import LazyTensor
 

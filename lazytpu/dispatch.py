@@ -342,13 +342,41 @@ _KERNEL_ERRORS = re.compile(r"not implemented for|same dtype|expected scalar typ
 
 # Op families whose CPU kernels check what meta kernels skip, and that are
 # safe to call on zero-size inputs.
-_KERNEL_CHECKED = frozenset({
-    "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "bitwise_left_shift", "bitwise_right_shift",
-    "__and__", "__or__", "__xor__", "__lshift__", "__rshift__",
-    "mm", "bmm", "addmm", "baddbmm", "mv", "addmv", "dot", "vdot",
-    "_softmax", "_log_softmax", "cumsum", "cumprod", "logcumsumexp",
-    "max", "min", "amax", "amin", "argmax", "argmin", "aminmax",
-})
+_KERNEL_CHECKED = frozenset(
+    {
+        "bitwise_and",
+        "bitwise_or",
+        "bitwise_xor",
+        "bitwise_not",
+        "bitwise_left_shift",
+        "bitwise_right_shift",
+        "__and__",
+        "__or__",
+        "__xor__",
+        "__lshift__",
+        "__rshift__",
+        "mm",
+        "bmm",
+        "addmm",
+        "baddbmm",
+        "mv",
+        "addmv",
+        "dot",
+        "vdot",
+        "_softmax",
+        "_log_softmax",
+        "cumsum",
+        "cumprod",
+        "logcumsumexp",
+        "max",
+        "min",
+        "amax",
+        "amin",
+        "argmax",
+        "argmin",
+        "aminmax",
+    }
+)
 
 
 def _check_kernel_dtypes(func, template, values) -> None:

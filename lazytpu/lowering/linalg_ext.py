@@ -315,10 +315,9 @@ def linalg_eigvals(a):
 
 @lowering(aten.linalg_matrix_exp.default)
 def linalg_matrix_exp(a):
-    if a.ndim == 2:
-        return jax.scipy.linalg.expm(a)
-    flat = a.reshape((-1,) + a.shape[-2:])
-    return jax.vmap(jax.scipy.linalg.expm)(flat).reshape(a.shape)
+    x = a.astype(jnp.float32) if a.dtype in (jnp.float16, jnp.bfloat16) else a  # as torch's CPU kernel
+    flat = x.reshape((-1,) + x.shape[-2:])
+    return jax.vmap(lambda m: jax.scipy.linalg.expm(m, max_squarings=64))(flat).reshape(x.shape)
 
 
 @lowering(aten.linalg_pinv.atol_rtol_tensor)

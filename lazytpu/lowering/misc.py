@@ -63,3 +63,58 @@ def pdist(x, p=2.0):
 def pdist_backward(grad, x, p, distances):
     _, pullback = jax.vjp(lambda v: _pdist(v, p), x)
     return pullback(grad)[0]
+
+
+# -- segments and hashes -------------------------------------------------------
+
+
+def _segment_reduce(data, reduce: str, lengths, offsets, axis: int, initial):
+    """Reduce runs of ``data`` along ``axis`` (one run per length, or between
+    consecutive offsets; batched over the dims before ``axis``). ``initial``
+    joins every run; an empty run without it is torch's identity (NaN for mean)."""
+    if offsets is None:
+        zero = jnp.zeros(lengths.shape[:-1] + (1,), lengths.dtype)
+        offsets = jnp.concatenate([zero, jnp.cumsum(lengths, axis=-1)], axis=-1)
+    n = data.shape[axis]
+    position = jnp.arange(n)
+    inside = (offsets[..., :-1, None] <= position) & (position < offsets[..., 1:, None])  # lead + (S, N)
+    inside = inside.reshape(inside.shape + (1,) * (data.ndim - axis - 1))
+    x = jnp.expand_dims(data, axis)  # lead + (1, N) + rest
+    count = jnp.sum(inside, axis=axis + 1).astype(data.dtype)
+    if reduce in ("sum", "mean"):
+        total = jnp.sum(jnp.where(inside, x, 0), axis=axis + 1)
+        if initial is not None:
+            total = total + initial
+        if reduce == "sum":
+            return total
+        return total / (jnp.maximum(count, 1) if initial is not None else count)
+    if reduce == "prod":
+        out = jnp.prod(jnp.where(inside, x, 1), axis=axis + 1)
+        return out if initial is None else out * initial
+    big = jnp.inf if jnp.issubdtype(data.dtype, jnp.floating) else jnp.iinfo(data.dtype).max
+    if reduce == "max":
+        out = jnp.max(jnp.where(inside, x, -big), axis=axis + 1)
+        return out if initial is None else jnp.maximum(out, initial)
+    out = jnp.min(jnp.where(inside, x, big), axis=axis + 1)
+    return out if initial is None else jnp.minimum(out, initial)
+
+
+@lowering(aten.segment_reduce.default)
+def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    return _segment_reduce(data, reduce, lengths, offsets, axis % data.ndim, initial)
+
+
+@lowering(aten._segment_reduce_backward.default)
+def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
+    _, pullback = jax.vjp(lambda d: _segment_reduce(d, reduce, lengths, offsets, axis % data.ndim, initial), data)
+    return pullback(grad)[0]
+
+
+@lowering(aten.hash_tensor.default)
+def hash_tensor(x, dim=(), *, keepdim=False, mode=0):
+    """XOR of the values' bits: floats as float64, integers as int64 (mode 0)."""
+    wide = jnp.float64 if jnp.issubdtype(x.dtype, jnp.floating) else jnp.int64
+    bits = lax.bitcast_convert_type(x.astype(wide), jnp.uint64)
+    axes = tuple(range(x.ndim)) if not dim else tuple(sorted(d % x.ndim for d in dim))
+    out = lax.reduce(bits, jnp.uint64(0), lax.bitwise_xor, axes)
+    return jnp.expand_dims(out, axes) if keepdim else out
