@@ -71,6 +71,10 @@ class DeviceContext:
         self.graph = PendingGraph()
         self.seed = DEFAULT_SEED
         self.unfolded_ops = 0
+        # Note [In-graph collectives] (lazytpu.distributed.ingraph): set while the
+        # pending graph holds a collective; the next flush runs its program over
+        # the group's mesh of processes instead of on this device alone.
+        self.collective_runner = None
 
     def fold_metrics(self) -> None:
         with self.graph.lock:
@@ -128,6 +132,7 @@ class DeviceContext:
             self.fold_metrics()
             roots = self.graph.roots()
             metrics.count("syncs", reason)
+            execute, self.collective_runner = self.collective_runner or runtime.execute, None
             if not roots:
                 self.graph.pending_ops = 0  # whatever was pending is dead
                 return ()
@@ -140,7 +145,7 @@ class DeviceContext:
             )
             blocking = MODE.current is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
             try:
-                outs = runtime.execute(
+                outs = execute(
                     (program.key, donate, self.index),
                     lambda: lower_program(program),
                     inputs,

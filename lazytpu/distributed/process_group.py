@@ -23,7 +23,7 @@ from torch._C import _distributed_c10d as c10d
 from torch._C._distributed_c10d import _create_work_from_future
 
 from lazytpu.aliasing import contiguous_strides, new_tensor, write_value
-from lazytpu.distributed import collectives, runtime
+from lazytpu.distributed import collectives, ingraph, runtime
 from lazytpu.engine import context
 from lazytpu.ir import Data, Failed, Output
 from lazytpu.tensor import LazyTensor
@@ -115,6 +115,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         super().__init__(rank, size)
         self._rank, self._size, self._ranks = rank, size, ranks
         self._timeout = timeout
+        self._world: bool | None = None  # whether the group is every process (known at first use)
         self._group_name = self._group_desc = ""
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("lazytpu_gloo/", store), rank, size, timeout)
 
@@ -153,6 +154,27 @@ class ProcessGroupTPU(dist.ProcessGroup):
         index = _device_index(inputs)
         return collectives.run(name, runtime.mesh(self._ranks, index), _device_arrays(inputs), **static)
 
+    def _whole_world(self) -> bool:
+        if self._world is None:
+            self._world = self._ranks == tuple(range(jax.process_count()))
+        return self._world
+
+    def _apply(self, name: str, source, outputs, **static) -> None:
+        """Collective ``name`` of ``source``, its results written to ``outputs``:
+        recorded into the pending program when the group is the whole world
+        (Note [In-graph collectives]), else run now as a program of its own."""
+        index = _device_index([source, *outputs])
+        if self._whole_world() and not any(_complex_view(t) for t in (source, *outputs)):
+            ingraph.record(name, runtime.mesh(self._ranks, index), source, list(outputs), **static)
+            return
+        flatten = static.pop("flatten", False)
+        (array,) = _device_arrays([source])
+        if flatten or array.ndim == 0:
+            array = array.reshape(-1)
+        results = collectives.run(name, runtime.mesh(self._ranks, index), [array], **static)
+        for out, result in zip(outputs, results):
+            _bind(out, result)
+
     # -- all-reduce -------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         opts = opts or c10d.AllreduceOptions()
@@ -160,8 +182,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
             return self._gloo.allreduce(tensors, opts)
         op = _op_name(opts.reduceOp)
         for t in tensors:
-            (out,) = self._run("all_reduce", [t], op=op, size=self._size)
-            _bind(t, out)
+            self._apply("all_reduce", t, [t], op=op, size=self._size)
         return _done(list(tensors))
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -187,8 +208,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         if _on_cpu(tensors):
             return self._gloo.broadcast(tensors, opts)
         for t in tensors:
-            (out,) = self._run("broadcast", [t], root=opts.rootRank)
-            _bind(t, out)
+            self._apply("broadcast", t, [t], root=opts.rootRank)
         return _done(list(tensors))
 
     def scatter(self, output_tensors, input_tensors, opts=None):
@@ -212,8 +232,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
             return self._gloo.allgather(output_tensors, input_tensors, opts)
         for outs, t in zip(output_tensors, input_tensors):
             _check_list(outs, self._size, "allgather")
-            for out, result in zip(outs, self._run("all_gather_list", [t], size=self._size)):
-                _bind(out, result)
+            self._apply("all_gather_list", t, outs, size=self._size)
         return _done(output_tensors)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
@@ -221,8 +240,8 @@ class ProcessGroupTPU(dist.ProcessGroup):
         if _on_cpu(list(input_list) + [t for ts in output_lists for t in ts]):
             return self._gloo.allgather_coalesced(output_lists, input_list, opts)
         for outs, t in zip(output_lists, input_list):
-            for out, result in zip(outs, self._run("all_gather_list", [t], size=self._size)):
-                _bind(out, result)
+            _check_list(outs, self._size, "allgather_coalesced")
+            self._apply("all_gather_list", t, outs, size=self._size)
         return _done(output_lists)
 
     def all_gather_single(self, output, input, opts=None):
@@ -233,8 +252,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
             raise ValueError(
                 f"all_gather_into_tensor: output has {output.numel()} elements, expected {self._size} x {input.numel()}"
             )
-        (result,) = self._run("all_gather", [input], out_shape=_at_least_1d(output.shape))
-        _bind(output, result)
+        self._apply("all_gather", input, [output], out_shape=_at_least_1d(output.shape))
         return _done([output])
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
@@ -264,8 +282,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         for out, ins in zip(output_tensors, input_tensors):
             _check_list(ins, self._size, "reduce_scatter")
             stacked = torch.cat([t.reshape(1, *out.shape) for t in ins])
-            (result,) = self._run("reduce_scatter", [stacked], op=op, size=self._size)
-            _bind(out, result)
+            self._apply("reduce_scatter", stacked, [out], op=op, size=self._size)
         return _done(list(output_tensors))
 
     def reduce_scatter_single(self, output, input, opts=None):
@@ -276,12 +293,8 @@ class ProcessGroupTPU(dist.ProcessGroup):
             raise ValueError(
                 f"reduce_scatter_tensor: input has {input.numel()} elements, expected {self._size} x {output.numel()}"
             )
-        (array,) = _device_arrays([input])
-        if input.dim() == 0 or input.shape[0] != self._size * (output.shape[0] if output.dim() else 1):
-            array = array.reshape(-1)
-        mesh = runtime.mesh(self._ranks, _device_index([input]))
-        (result,) = collectives.run("reduce_scatter", mesh, [array], op=_op_name(opts.reduceOp), size=self._size)
-        _bind(output, result)
+        flatten = input.dim() == 0 or input.shape[0] != self._size * (output.shape[0] if output.dim() else 1)
+        self._apply("reduce_scatter", input, [output], op=_op_name(opts.reduceOp), size=self._size, flatten=flatten)
         return _done([output])
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
@@ -297,8 +310,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         if not output_split_sizes and not input_split_sizes:
             if input.shape[0] % self._size:
                 raise ValueError(f"all_to_all_single: dim 0 ({input.shape[0]}) is not divisible by {self._size}")
-            (result,) = self._run("all_to_all", [input])
-            _bind(output, result)
+            self._apply("all_to_all", input, [output])
             return _done([output])
         return self._all_to_all_uneven(output, input, list(output_split_sizes), list(input_split_sizes))
 
@@ -376,6 +388,12 @@ class ProcessGroupTPU(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
     alltoall_base = all_to_all_single
+
+
+def _complex_view(t: LazyTensor) -> bool:
+    """A real view of a complex tensor (Note [view_as_real]): written back eagerly."""
+    base = t._base
+    return base is not None and base.is_complex() and not t.is_complex()
 
 
 def _wrap(array: jax.Array, like: LazyTensor) -> LazyTensor:
