@@ -75,6 +75,7 @@ class DeviceContext:
         # pending graph holds a collective; the next flush runs its program over
         # the group's mesh of processes instead of on this device alone.
         self.collective_runner = None
+        self.checks: list = []  # Note [Deferred checks]
 
     def fold_metrics(self) -> None:
         with self.graph.lock:
@@ -121,6 +122,20 @@ class DeviceContext:
         elif self.graph.pending_ops >= _config.MAX_PENDING_OPS.get():
             self.flush("graph_cap")
 
+    def defer_check(self, check) -> None:
+        """Run ``check()`` after the next flush (Note [Deferred checks]).
+
+        Note [Deferred checks]: some ops only validate their inputs' values
+        (``_linalg_check_errors`` on LAPACK's ``info``). Reading a pending
+        value at the op would cut the program there; instead the check (a
+        closure holding the tensors it reads, so that they are program
+        outputs) runs right after the flush that materializes them, and
+        raises torch's own error there: at the latest when a result of the
+        checked op is read, never later. A failed program drops its checks.
+        """
+        with self.graph.lock:
+            self.checks.append(check)
+
     def flush(self, reason: str) -> tuple:
         """Materialize every live pending value in one program.
 
@@ -157,8 +172,13 @@ class DeviceContext:
             except Exception as exc:
                 error = _program_error(exc, program)
                 self.graph.fail(error)
+                self.checks.clear()
                 raise error from exc
             self.graph.rebind({r: Data(buf, r.aval) for r, buf in zip(distinct, outs)})
+            if self.checks:
+                checks, self.checks = self.checks, []
+                for check in checks:
+                    check()
             return outs
 
 

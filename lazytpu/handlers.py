@@ -10,6 +10,8 @@ import torch
 from lazytpu import hostio
 from lazytpu.aliasing import contiguous_strides, new_tensor, rebind_metadata, view_of, write
 from lazytpu.dispatch import handles, record, resize_to
+from lazytpu.engine import context
+from lazytpu.ir import Output
 from lazytpu.lowering import get_rule
 from lazytpu.tensor import LazyTensor
 
@@ -71,3 +73,21 @@ def set_(func, args, kwargs):
     dst, src = args
     rebind_metadata(dst, view_of(src, src.shape, src.stride(), src.storage_offset()))
     return dst
+
+
+@handles(aten._linalg_check_errors.default)
+def linalg_check_errors(func, args, kwargs):
+    """torch's check of LAPACK's ``info``, on its host value: now when ``info``
+    is materialized, else after the flush that computes it (Note [Deferred
+    checks]), so that ``linalg.inv(A)`` does not cut the program."""
+    info = args[0]
+    if type(info) is not LazyTensor:
+        return func(*args, **kwargs)
+
+    def check():
+        func(hostio.to_cpu(info), *args[1:], **kwargs)
+
+    if type(info._lt_storage.value) is Output:
+        context(info.device.index or 0).defer_check(check)
+    else:
+        check()

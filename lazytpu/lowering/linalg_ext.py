@@ -204,18 +204,38 @@ def _cholesky(a, upper: bool):
     return _mH(lower) if upper else lower
 
 
-def _cholesky_info(factor):
-    """Note [LAPACK info]: the order of the first non-positive leading minor."""
-    bad = jnp.any(jnp.isnan(factor), axis=-1) | jnp.any(jnp.isnan(factor), axis=-2)
-    if bad.shape[-1] == 0:
-        return jnp.zeros(bad.shape[:-1], jnp.int32)
-    return jnp.where(jnp.any(bad, axis=-1), jnp.argmax(bad, axis=-1) + 1, 0).astype(jnp.int32)
+def _first_bad_minor(a):
+    """The order of ``a``'s first non-positive leading minor (lower triangle
+    read), by an unblocked outer-product Cholesky; 0 when there is none."""
+    n = a.shape[-1]
+    rows = jnp.arange(n)
+
+    def step(k, state):
+        m, info = state
+        d = jnp.real(m[..., k, k])
+        bad = ~(d > 0)
+        info = jnp.where((info == 0) & bad, k + 1, info)
+        col = m[..., :, k] / jnp.sqrt(jnp.where(bad, 1, d))[..., None]
+        col = jnp.where(rows > k, col, 0)
+        return m - col[..., :, None] * jnp.conj(col[..., None, :]), info
+
+    return lax.fori_loop(0, n, step, (a, jnp.zeros(a.shape[:-2], jnp.int32)))[1]
+
+
+def _cholesky_info(a, factor):
+    """Note [LAPACK info]: the order of the first non-positive leading minor.
+    XLA's factor is all NaN when any minor fails, so the order is found by a
+    second, unblocked factorization, run only then."""
+    if a.shape[-1] == 0:
+        return jnp.zeros(a.shape[:-2], jnp.int32)
+    failed = jnp.any(jnp.isnan(factor))
+    return lax.cond(failed, _first_bad_minor, lambda m: jnp.zeros(m.shape[:-2], jnp.int32), a)
 
 
 @lowering(aten.linalg_cholesky_ex.default)
 def linalg_cholesky_ex(a, *, upper=False, check_errors=False):
     factor = _cholesky(a, upper)
-    return factor, _cholesky_info(factor)
+    return factor, _cholesky_info(_mH(a) if upper else a, factor)
 
 
 @lowering(aten.cholesky.default)

@@ -1,0 +1,62 @@
+"""Linear algebra checks, nn and fft lowerings on ``tpu`` match CPU torch,
+without CPU fallback; checks that validate values raise torch's errors."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from conftest import programs_run, run_both
+
+import lazytpu
+
+
+@contextlib.contextmanager
+def no_fallback():
+    before = dict(lazytpu.metrics.snapshot()["cpu_fallbacks"])
+    yield
+    after = lazytpu.metrics.snapshot()["cpu_fallbacks"]
+    assert after == before, f"CPU fallback: {set(after) - set(before)}"
+
+
+# -- _linalg_check_errors (Note [Deferred checks]) ------------------------------
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [torch.linalg.inv, torch.linalg.cholesky, lambda a: torch.linalg.solve(a, a[..., :1]), torch.linalg.lu_factor],
+)
+def test_linalg_checked_ops_match(fn, eager_mode):
+    a = torch.randn(2, 4, 4, dtype=torch.float64)
+    a = a @ a.mT + 4 * torch.eye(4, dtype=torch.float64)
+    with no_fallback():
+        run_both(fn, a.requires_grad_(), mode_name=eager_mode, grad=fn is not torch.linalg.lu_factor)
+
+
+def test_linalg_check_fuses():
+    a = torch.randn(4, 4)
+    a = (a @ a.T + torch.eye(4)).to("tpu")
+
+    def step():
+        torch.linalg.cholesky(torch.linalg.inv(a)).sum().item()
+
+    assert programs_run(step) == 1
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [torch.linalg.inv, torch.linalg.cholesky, lambda a: torch.linalg.solve(a, a[..., :1]), torch.linalg.lu_factor],
+)
+def test_linalg_check_raises_torch_error(fn, eager_mode):
+    a = torch.zeros(2, 3, 3)
+    a[:, 0, 0] = 1
+    with pytest.raises(RuntimeError) as expected:  # LinAlgError, or RuntimeError for lu_factor
+        fn(a)
+    with torch.tpu.set_eager_mode(eager_mode), pytest.raises(RuntimeError) as actual:
+        out = fn(a.to("tpu"))
+        (out[0] if isinstance(out, tuple) else out).cpu()  # at the latest when the result is read
+    assert type(actual.value) is type(expected.value)
+    assert str(actual.value) == str(expected.value)
+    ok = torch.eye(3).to("tpu")
+    assert torch.linalg.inv(ok).cpu().equal(torch.eye(3))  # the error does not linger
