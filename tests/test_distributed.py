@@ -128,6 +128,10 @@ def test_ddp_transformer_matches_single_process_training():
     assert_section("defer", "ddp_transformer")
 
 
+def test_ddp_step_is_one_program_with_in_graph_all_reduce():
+    assert_section("defer", "in_graph")
+
+
 def test_defer_job_exits_cleanly():
     results = run_job("defer")
     assert all(code == 0 for code, _ in results), _report(results)
@@ -542,6 +546,46 @@ def _section_ddp_transformer(rank, world):
     _check_ddp(rank, world, _TinyTransformer.make, batches, loss_fn, momentum=0.0)
 
 
+def _section_in_graph(rank, world):
+    """Defer mode: a DDP step (forward, backward, gradient all-reduce, SGD) is
+    one program per step, with no sync at the collective; a rank that cuts its
+    step differently (rank 0 reads the loss mid-step) still agrees."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.testing import assert_close
+
+    from lazytpu import metrics
+
+    model = _tiny_mlp()
+    reference = copy.deepcopy(model)
+    ddp = DDP(model.to("tpu"))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(world * 4, 8, generator=g), torch.randn(world * 4, 4, generator=g)) for _ in range(6)]
+    for step, (x, y) in enumerate(batches):
+        if step == 2:
+            torch.tpu.synchronize()
+            metrics.reset()
+        opt.zero_grad()
+        loss = F.mse_loss(ddp(x[rank * 4 : rank * 4 + 4].to("tpu")), y[rank * 4 : rank * 4 + 4].to("tpu"))
+        loss.backward()
+        if step == 5 and rank == 0:
+            loss.item()  # this rank's step is two programs, the other's one
+        opt.step()
+        ref_opt.zero_grad()
+        F.mse_loss(reference(x), y).backward()
+        ref_opt.step()
+    snap = metrics.snapshot()
+    assert "collective" not in snap["syncs"], snap["syncs"]
+    # steps 2..4: one program each; step 5: two on rank 0 (the item() cut)
+    assert snap["programs_executed"] == (5 if rank == 0 else 4), snap
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5)
+
+
 def _section_dead_rank(rank, world):
     import torch
     import torch.distributed as dist
@@ -645,6 +689,7 @@ JOBS = {
             _section_functional,
             _section_ddp_mlp,
             _section_ddp_transformer,
+            _section_in_graph,
         ],
     ),
     "strict": Job(
