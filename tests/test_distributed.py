@@ -132,6 +132,10 @@ def test_ddp_step_is_one_program_with_in_graph_all_reduce():
     assert_section("defer", "in_graph")
 
 
+def test_ddp_options_needing_pinned_memory_fail_at_construction():
+    assert_section("defer", "ddp_unsupported_options")
+
+
 def test_defer_job_exits_cleanly():
     results = run_job("defer")
     assert all(code == 0 for code, _ in results), _report(results)
@@ -551,7 +555,6 @@ def _section_in_graph(rank, world):
     one program per step, with no sync at the collective; a rank that cuts its
     step differently (rank 0 reads the loss mid-step) still agrees."""
     import torch
-    import torch.distributed as dist
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.testing import assert_close
@@ -584,6 +587,28 @@ def _section_in_graph(rank, world):
     assert snap["programs_executed"] == (5 if rank == 0 else 4), snap
     for p, q in zip(model.parameters(), reference.parameters()):
         assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5)
+
+
+def _section_ddp_unsupported_options(rank, world):
+    """find_unused_parameters / static_graph need a pinned allocator (Note [DDP
+    and pinned memory]): DDP raises at construction on every rank, naming the
+    option, and the ranks stay in step (a plain DDP model still trains)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    for option in ("find_unused_parameters", "static_graph"):
+        try:
+            DDP(_tiny_mlp().to("tpu"), **{option: True})
+        except NotImplementedError as exc:
+            assert f"{option}=True" in str(exc) and "pinned" in str(exc), exc
+        else:
+            raise AssertionError(f"DDP({option}=True) did not raise")
+    cpu = DDP(_tiny_mlp(), find_unused_parameters=True)  # CPU modules (gloo's side) are not refused
+    assert cpu.find_unused_parameters
+    ddp = DDP(_tiny_mlp().to("tpu"))
+    F.mse_loss(ddp(torch.ones(2, 8, device="tpu")), torch.zeros(2, 4, device="tpu")).backward()
+    assert ddp.module[0].weight.grad is not None
 
 
 def _section_dead_rank(rank, world):
@@ -690,6 +715,7 @@ JOBS = {
             _section_ddp_mlp,
             _section_ddp_transformer,
             _section_in_graph,
+            _section_ddp_unsupported_options,
         ],
     ),
     "strict": Job(

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from lazytpu.distributed import functional  # noqa: F401  (handlers of _c10d_functional ops)
+from lazytpu.distributed import (
+    ddp,
+    functional,  # noqa: F401  (handlers of _c10d_functional ops)
+)
 from lazytpu.distributed.process_group import BACKEND, ProcessGroupTPU
 from lazytpu.distributed.runtime import JaxOptions, options
 
@@ -51,3 +54,4 @@ def register() -> None:
 
 
 register()
+ddp.install()
