@@ -3,6 +3,10 @@
 Index tensors with integer dtype follow torch's (= numpy's) advanced-indexing
 rules; negative indices wrap. Boolean masks have data-dependent shapes and
 never reach these rules (torch has no meta kernel for them).
+
+Note [Bool accumulation]: XLA scatters cannot add, multiply, min or max
+bools. Torch's bool arithmetic saturates (add is or, multiply is and), so
+accumulating bools runs on int32 copies and maps back with ``!= 0``.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ def index_put(x, indices, values, accumulate=False):
         if len(masks) != 1 or any(idx is not None for i, idx in enumerate(indices) if i != masks[0]):
             raise NotImplementedError("index_put mixing a boolean mask with other indices")
         return _put_masked(x, masks[0], indices[masks[0]], values, accumulate)
+    if accumulate and x.dtype == jnp.bool_:
+        return index_put(x.astype(jnp.int32), indices, values, True).astype(jnp.bool_)
     at = x.at[_key(x, indices)]
     return at.add(values) if accumulate else at.set(values)
 
@@ -68,6 +74,8 @@ def _put_masked(x, p, mask, values, accumulate):
 
 @lowering(aten.put)
 def put(x, index, source, accumulate=False):
+    if accumulate and x.dtype == jnp.bool_:
+        return put(x.astype(jnp.int32), index, source, True).astype(jnp.bool_)
     flat = x.reshape(-1)
     at = flat.at[_wrap(index.reshape(-1), flat.shape[0])]
     source = source.reshape(-1).astype(x.dtype)
@@ -94,6 +102,8 @@ def _scatter(x, dim, index, src, reduce=None):
         return _scatter(
             x1, 0, index.reshape(-1), jnp.asarray(src).reshape(-1)[:1] if jnp.ndim(src) else src, reduce
         ).reshape(())
+    if reduce is not None and x.dtype == jnp.bool_:  # Note [Bool accumulation]
+        return _scatter(x.astype(jnp.int32), dim, index, jnp.asarray(src).astype(jnp.int32), reduce).astype(jnp.bool_)
     dim = dim % x.ndim
     src = jnp.broadcast_to(jnp.asarray(src, x.dtype), index.shape) if jnp.ndim(src) == 0 else src
     if jnp.ndim(src) and src.shape != index.shape:
@@ -130,6 +140,9 @@ def scatter_add(x, dim, index, src):
 
 @lowering(aten.scatter_reduce.two)
 def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
+    if x.dtype == jnp.bool_:  # Note [Bool accumulation]
+        out = scatter_reduce(x.astype(jnp.int32), dim, index, src.astype(jnp.int32), reduce, include_self=include_self)
+        return out.astype(jnp.bool_)
     if reduce == "mean":
         dim = dim % max(x.ndim, 1)
         total = _scatter(x if include_self else jnp.zeros_like(x), dim, index, src, "add")

@@ -236,6 +236,8 @@ def index_select(x, dim, index):
 
 @lowering(aten.index_add)
 def index_add(x, dim, index, source, *, alpha=1):
+    if x.dtype == jnp.bool_:  # Note [Bool accumulation] (lowering/indexing.py)
+        return index_add(x.astype(jnp.int32), dim, index, source.astype(jnp.int32), alpha=int(alpha)).astype(jnp.bool_)
     if x.ndim == 0:
         return x + alpha * source.reshape(())
     dim = _dim(dim, x.ndim)
