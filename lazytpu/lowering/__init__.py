@@ -18,6 +18,7 @@ from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
     scatter_ext,
     shape,
     sorting,
+    special,
     upsample,
     views,
 )
