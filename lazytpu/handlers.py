@@ -5,13 +5,14 @@ Device moves, ``copy_``, ``set_``/``resize_`` and host reads (``item``).
 
 from __future__ import annotations
 
+import jax
 import torch
 
-from lazytpu import hostio
+from lazytpu import hostio, runtime
 from lazytpu.aliasing import contiguous_strides, new_tensor, rebind_metadata, view_of, write
 from lazytpu.dispatch import handles, record, resize_to
 from lazytpu.engine import context
-from lazytpu.ir import Output
+from lazytpu.ir import Data, Failed, Output
 from lazytpu.lowering import get_rule
 from lazytpu.tensor import LazyTensor
 
@@ -32,7 +33,31 @@ def to_copy(func, args, kwargs):
         dtype = kwargs.get("dtype")
         return out if dtype is None or dtype == src.dtype else aten._to_copy.default(out, dtype=dtype)
     rest = {k: v for k, v in kwargs.items() if k != "device"}
+    if device is not None and _index_of(device) != (src.device.index or 0):  # tpu:i -> tpu:j
+        src = to_device(src, _index_of(device))
+        if not rest or rest == {"dtype": src.dtype}:
+            return src
+        args = (src,)
     return record(func, args, rest, get_rule(func))
+
+
+def _index_of(device) -> int:
+    index = torch.device(device).index
+    return torch.tpu.current_device() if index is None else index
+
+
+def to_device(src: LazyTensor, index: int) -> LazyTensor:
+    """A copy of ``src`` on ``tpu:index`` (a sync of ``src``'s device: the
+    value moves between devices as a buffer, not inside a program)."""
+    if src._lt_window is not None:
+        src = src.clone(memory_format=torch.contiguous_format)
+    if isinstance(src._lt_storage.value, Output):
+        context(src.device.index or 0).flush("device_copy")
+    value = src._lt_storage.value
+    if isinstance(value, Failed):
+        raise RuntimeError(f"lazytpu: this tensor's value could not be computed: {value.error}")
+    moved = jax.device_put(value.buffer, runtime.platform.device(index))
+    return new_tensor(Data(moved, value.aval), src.shape, contiguous_strides(src.shape), src.dtype, index)
 
 
 @handles(aten.copy_.default)
@@ -43,6 +68,8 @@ def copy_(func, args, kwargs):
     if type(src) is not LazyTensor:  # cpu -> tpu
         index = dst.device.index or 0
         src = new_tensor(hostio.data_from_cpu(src, index), src.shape, contiguous_strides(src.shape), src.dtype, index)
+    elif src.device != dst.device:  # tpu:i -> tpu:j
+        src = to_device(src, dst.device.index or 0)
     if tuple(src.shape) != tuple(dst.shape):
         torch.broadcast_shapes(src.shape, dst.shape)  # torch's error if not broadcastable
         src = aten.expand.default(src, list(dst.shape))
@@ -91,3 +118,11 @@ def linalg_check_errors(func, args, kwargs):
         context(info.device.index or 0).defer_check(check)
     else:
         check()
+
+
+@handles(aten._conj.default)
+def conj(func, args, kwargs):
+    """``conj()`` of a complex tensor, as a value: lazytpu's views carry no
+    conjugate bit, so the result is materialized (``_conj_physical``). Unlike
+    torch's lazy conjugate view, later writes to the input do not show in it."""
+    return aten._conj_physical.default(args[0])

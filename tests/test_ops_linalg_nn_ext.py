@@ -60,3 +60,29 @@ def test_linalg_check_raises_torch_error(fn, eager_mode):
     assert str(actual.value) == str(expected.value)
     ok = torch.eye(3).to("tpu")
     assert torch.linalg.inv(ok).cpu().equal(torch.eye(3))  # the error does not linger
+
+
+# -- conjugation and FFTs of real inputs (torch conjugates the r2c result) -------
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        torch.conj,
+        lambda x: x.conj().conj() * 2,
+        lambda x: x.mH @ x,
+        lambda x: torch.fft.ifft(x.real, n=6, norm="ortho"),
+        lambda x: torch.fft.ihfft2(x.real),
+        lambda x: torch.fft.hfftn(x, dim=(0, 1)),
+    ],
+)
+def test_conj_and_hermitian_ffts(fn, eager_mode):
+    x = torch.randn(4, 5, dtype=torch.complex128)
+    with no_fallback():
+        run_both(fn, x, mode_name=eager_mode, rtol=1e-7, atol=1e-7)
+
+
+def test_fft_real_input_grad():
+    x = torch.randn(3, 8, requires_grad=True)
+    with no_fallback():
+        run_both(lambda t: torch.fft.ifft(t).imag * 3 + torch.fft.ifft(t).real, x, grad=True, rtol=1e-4, atol=1e-5)

@@ -291,6 +291,7 @@ _UNARY = {
         aten.round.default: _integral_or(jnp.round),  # half to even, as nearbyint
         aten.bitwise_not.default: jnp.invert,
         aten.conj_physical.default: jnp.conj,
+        aten._conj_physical.default: jnp.conj,
     },
     Kind.COMPLEX_TO_FLOAT: {aten.abs.default: _abs},
 }
