@@ -86,3 +86,25 @@ def test_fft_real_input_grad():
     x = torch.randn(3, 8, requires_grad=True)
     with no_fallback():
         run_both(lambda t: torch.fft.ifft(t).imag * 3 + torch.fft.ifft(t).real, x, grad=True, rtol=1e-4, atol=1e-5)
+
+
+# -- pooling -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "shape,size",
+    [((2, 3, 7), (3,)), ((2, 3, 7, 5), (3, 4)), ((3, 7, 5), (7, 2)), ((1, 2, 5, 6, 7), (2, 3, 4))],
+)
+def test_adaptive_max_pool(shape, size, eager_mode):
+    x = torch.randn(shape)
+    x.flatten()[::7] = 0.5  # ties: the first wins
+    fn = getattr(torch.nn.functional, f"adaptive_max_pool{len(size)}d")
+    with no_fallback():
+        run_both(lambda t: fn(t, size, return_indices=True), x.requires_grad_(), mode_name=eager_mode, grad=True)
+
+
+def test_adaptive_max_pool_nan_and_bf16():
+    x = torch.randn(2, 6, 9, dtype=torch.bfloat16)
+    x[0, 0, 1] = x[0, 0, 2] = float("nan")  # the last NaN of a window wins
+    with no_fallback():
+        run_both(lambda t: torch.nn.functional.adaptive_max_pool1d(t, 4, return_indices=True), x)

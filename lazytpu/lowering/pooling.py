@@ -239,3 +239,64 @@ def adaptive_avg_pool2d_backward(grad_output, x):
 @lowering(aten._adaptive_avg_pool3d_backward.default)
 def adaptive_avg_pool3d_backward(grad_output, x):
     return _adaptive_avg_pool_backward(grad_output, x, 3)
+
+
+# -- adaptive max pooling ------------------------------------------------------
+
+
+def _adaptive_taps(n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """(m, K) input positions of each output's window (``_adaptive_matrix``'s
+    bounds; K the widest window) and which of them are inside the window."""
+    i = np.arange(m)
+    start, end = (i * n) // m, -((-(i + 1) * n) // m)
+    width = int((end - start).max())
+    taps = start[:, None] + np.arange(width)
+    return np.minimum(taps, n - 1), taps < end[:, None]
+
+
+def _adaptive_max_pool(x, output_size):
+    """Note [Max pool indices], with torch's adaptive kernel's order: the
+    first maximum wins, and a NaN wins over anything, the last NaN over an
+    earlier one."""
+    nd = len(output_size)
+    spatial = x.shape[-nd:]
+    flat, valid = np.zeros((), np.int64), np.ones((), bool)
+    for n, m in zip(spatial, output_size):
+        taps, inside = _adaptive_taps(n, m)
+        # outer "sum" over dims: (m1, K1) x (m2, K2) -> (m1, m2, K1, K2)
+        k = flat.ndim // 2
+        flat = flat.reshape(flat.shape[:k] + (1,) + flat.shape[k:] + (1,)) * n + taps.reshape(
+            (1,) * k + (m,) + (1,) * k + (taps.shape[1],)
+        )
+        valid = valid.reshape(valid.shape[:k] + (1,) + valid.shape[k:] + (1,)) & inside.reshape(
+            (1,) * k + (m,) + (1,) * k + (inside.shape[1],)
+        )
+    flat = flat.reshape(tuple(output_size) + (-1,))
+    valid = valid.reshape(flat.shape)
+    rows = x.shape[:-nd]
+    values = x.reshape(rows + (-1,))[..., flat]  # rows + output + (K,)
+    values = jnp.where(valid, values, jnp.asarray(_lowest(x.dtype), x.dtype))
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        nan = jnp.isnan(values)
+        last_nan = values.shape[-1] - 1 - jnp.argmax(nan[..., ::-1], axis=-1)
+        pick = jnp.where(jnp.any(nan, axis=-1), last_nan, jnp.argmax(jnp.where(nan, 0, values), axis=-1))
+    else:
+        pick = jnp.argmax(values, axis=-1)
+    out = jnp.take_along_axis(values, pick[..., None], axis=-1)[..., 0]
+    index = jnp.take_along_axis(jnp.broadcast_to(jnp.asarray(flat), values.shape), pick[..., None], axis=-1)
+    return out, index[..., 0]
+
+
+@lowering(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
+def adaptive_max_pool(x, output_size):
+    return _adaptive_max_pool(x, tuple(output_size))
+
+
+@lowering(aten.adaptive_max_pool2d_backward.default)
+def adaptive_max_pool2d_backward(grad_output, x, indices):
+    return _scatter_to_plane(grad_output, x, indices, 2)
+
+
+@lowering(aten.adaptive_max_pool3d_backward.default)
+def adaptive_max_pool3d_backward(grad_output, x, indices):
+    return _scatter_to_plane(grad_output, x, indices, 3)
