@@ -217,6 +217,25 @@ def test_each_device_computes_on_itself():
     assert_alone("devices", "placement")
 
 
+def test_copies_between_devices_and_local_mesh_collectives():
+    assert_alone("devices", "local_mesh")
+
+
+def test_single_process_data_parallel_example():
+    """examples/distributed_single_process.py: 8 replicas on 8 devices of one
+    process, gradients averaged over a LocalMesh, match CPU training."""
+    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(example, "distributed_single_process.py")],
+        env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8"),
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "8 devices" in proc.stdout and "single-device training on the whole batch: True" in proc.stdout, proc.stdout
+
+
 # -- workers (the rank side) ---------------------------------------------------------------
 
 
@@ -705,6 +724,43 @@ def _section_devices(rank, world):
         assert_close(y.cpu(), (torch.arange(6.0).reshape(2, 3) * 2 + 1).sum(0))
 
 
+def _section_local_mesh(rank, world):
+    import torch
+    from torch.testing import assert_close
+
+    from lazytpu.distributed import LocalMesh
+
+    x = torch.arange(6.0, device="tpu:1").reshape(2, 3)
+    y = (x * 2).to("tpu:2")  # tpu:1 -> tpu:2
+    assert y.device == torch.device("tpu", 2)
+    assert_close(y.cpu(), torch.arange(6.0).reshape(2, 3) * 2)
+    assert x.t().to("tpu:3", dtype=torch.float64).device == torch.device("tpu", 3)  # a view, and a cast
+    assert_close(x.t().to("tpu:3", dtype=torch.float64).cpu(), torch.arange(6.0, dtype=torch.float64).reshape(2, 3).t())
+    z = torch.zeros(2, 3, device="tpu:4")
+    z.copy_(y)  # tpu:2 -> tpu:4
+    assert_close((z + 1).cpu(), torch.arange(6.0).reshape(2, 3) * 2 + 1)
+
+    mesh = LocalMesh(4)
+    assert mesh.size() == 4 and mesh.devices[3] == torch.device("tpu", 3)
+    parts = [(torch.arange(3.0) + 10 * i).to(f"tpu:{i}") * 1 for i in range(4)]  # pending on each device
+    mesh.all_reduce_(parts, op="avg")
+    for i, t in enumerate(parts):
+        assert t.device == torch.device("tpu", i)
+        assert_close(t.cpu(), torch.arange(3.0) + 15)
+    parts = [torch.full((2,), float(i), device=f"tpu:{i}") for i in range(4)]
+    mesh.broadcast_(parts, src=2)
+    assert all(torch.equal(t.cpu(), torch.full((2,), 2.0)) for t in parts)
+    chunks = mesh.scatter(torch.arange(8.0))
+    assert [c.device.index for c in chunks] == [0, 1, 2, 3]
+    assert_close(chunks[3].cpu(), torch.tensor([6.0, 7.0]))
+    try:
+        mesh.all_reduce_(parts[:3])
+    except ValueError as exc:
+        assert "one tensor per device" in str(exc), exc
+    else:
+        raise AssertionError("a short list was accepted")
+
+
 JOBS = {
     "defer": Job(
         {"TORCHTPU_EAGER_MODE": "defer"},
@@ -727,7 +783,9 @@ JOBS = {
     "hang": Job({"DIST_TEST_WATCHDOG_S": "12"}, [_section_hang]),
     "init_too_late": Job({}, [_section_init_too_late], backend=None),
     "devices": Job(
-        {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}, [_section_devices, _section_placement], backend=None
+        {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
+        [_section_devices, _section_placement, _section_local_mesh],
+        backend=None,
     ),
 }
 

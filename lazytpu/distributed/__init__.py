@@ -19,10 +19,11 @@ from lazytpu.distributed import (
     ddp,
     functional,  # noqa: F401  (handlers of _c10d_functional ops)
 )
+from lazytpu.distributed.local import LocalMesh
 from lazytpu.distributed.process_group import BACKEND, ProcessGroupTPU
 from lazytpu.distributed.runtime import JaxOptions, options
 
-__all__ = ["BACKEND", "JaxOptions", "ProcessGroupTPU", "options"]
+__all__ = ["BACKEND", "JaxOptions", "LocalMesh", "ProcessGroupTPU", "options"]
 
 ALIASES = (BACKEND, "tpu")
 

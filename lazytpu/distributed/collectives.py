@@ -200,3 +200,20 @@ def run(name: str, mesh, arrays: Sequence[jax.Array], **static) -> list[jax.Arra
     if not isinstance(outs, tuple):
         outs = (outs,)
     return [o.addressable_shards[0].data for o in outs]
+
+
+def run_local(name: str, mesh, shards: Sequence[jax.Array], **static) -> list[jax.Array]:
+    """Run collective ``name`` over a mesh of this process's devices: ``shards``
+    holds one array per mesh device (in mesh order, each on its device, all of
+    one shape). Returns each device's result, in mesh order (one collective
+    result per device; ``all_gather_list`` is not supported here).
+    """
+    devices = list(mesh.devices.flat)
+    shards = [s.reshape(1) if s.ndim == 0 else s for s in shards]
+    shape = (len(shards) * shards[0].shape[0], *shards[0].shape[1:])
+    sharding = NamedSharding(mesh, P(AXIS))
+    out = _program(name, mesh, 1, tuple(sorted(static.items())))(
+        jax.make_array_from_single_device_arrays(shape, sharding, shards)
+    )
+    by_device = {s.device: s.data for s in out.addressable_shards}
+    return [by_device[d] for d in devices]
