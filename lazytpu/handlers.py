@@ -118,3 +118,11 @@ def linalg_check_errors(func, args, kwargs):
         context(info.device.index or 0).defer_check(check)
     else:
         check()
+
+
+@handles(aten._conj.default)
+def conj(func, args, kwargs):
+    """``conj()`` of a complex tensor, as a value: lazytpu's views carry no
+    conjugate bit, so the result is materialized (``_conj_physical``). Unlike
+    torch's lazy conjugate view, later writes to the input do not show in it."""
+    return aten._conj_physical.default(args[0])
