@@ -5,12 +5,14 @@ Device moves, ``copy_``, ``set_``/``resize_`` and host reads (``item``).
 
 from __future__ import annotations
 
+import math
+
 import jax
 import torch
 
 from lazytpu import hostio, runtime
 from lazytpu.aliasing import contiguous_strides, new_tensor, rebind_metadata, view_of, write
-from lazytpu.dispatch import handles, record, resize_to
+from lazytpu.dispatch import handles, record
 from lazytpu.engine import context
 from lazytpu.ir import Data, Failed, Output
 from lazytpu.lowering import get_rule
@@ -85,9 +87,47 @@ def local_scalar(func, args, kwargs):
 
 @handles(aten.resize_.default)
 def resize_(func, args, kwargs):
-    dst, size = args[0], args[1]
-    resize_to(dst, size)
+    """torch's ``resize_``: a contiguous window at the same offset on the same
+    storage, which grows (old contents first, zeros after) when too small."""
+    dst, size = args[0], tuple(args[1])
+    torch.empty(0, device="meta").resize_(size)  # torch's errors (negative sizes)
+    if size == tuple(dst.shape) and dst.is_contiguous():
+        return dst
+    offset, have = dst.storage_offset(), dst._lt_desc.storage_numel
+    need = offset + math.prod(size)
+    base = dst
+    if need > have:
+        flat = view_of(dst, (have,), (1,), 0)
+        base = (
+            aten.constant_pad_nd.default(flat, [0, need - have])
+            if have
+            else aten.zeros.default([need], dtype=dst.dtype, device=dst.device)
+        )
+    rebind_metadata(dst, view_of(base, size, contiguous_strides(size), offset))
     return dst
+
+
+@handles(aten.resize.default)
+def resize(func, args, kwargs):
+    out = aten.clone.default(args[0], memory_format=torch.contiguous_format)
+    return resize_(aten.resize_.default, (out, args[1]), {})
+
+
+@handles(aten.resize_as_.default)
+def resize_as_(func, args, kwargs):
+    return resize_(aten.resize_.default, (args[0], list(args[1].shape)), {})
+
+
+@handles(aten.equal.default)
+def equal(func, args, kwargs):
+    """A host read, as in torch: equal sizes, then every element equal."""
+    a, b = args
+    return tuple(a.shape) == tuple(b.shape) and bool(aten.all.default(aten.eq.Tensor(a, b)).item())
+
+
+@handles(aten.allclose.default)
+def allclose(func, args, kwargs):
+    return bool(aten.all.default(aten.isclose.default(*args, **kwargs)).item())
 
 
 @handles(aten.is_pinned.default)

@@ -15,6 +15,7 @@ from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
     pooling,
     random,
     reduction,
+    reduction_ext,
     scatter_ext,
     shape,
     sorting,
