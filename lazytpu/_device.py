@@ -14,6 +14,7 @@ from lazytpu import _config, autocast, sdpa, tpu
 from lazytpu.dispatch import record
 from lazytpu.engine import context
 from lazytpu.lowering import get_rule
+from lazytpu.module_conversion import keep_parameters
 
 aten = torch.ops.aten
 
@@ -105,6 +106,9 @@ def register() -> None:
     _registered.append(fallback)
     _registered.extend(autocast.register())
     _registered.append(register_optimizer_step_post_hook(_after_optimizer_step))
+    # Note [Module conversion]: the one patch of a torch class, so that
+    # ``model.to("tpu")`` keeps Parameters (and tied weights) as CUDA does.
+    torch.nn.Module._apply = keep_parameters(torch.nn.Module._apply)
     # Note [Backward on the caller's thread]: autograd would run tpu backward
     # ops on a device worker thread. That thread can still be dropping its
     # last references to tpu tensors when the interpreter shuts down, which

@@ -7,6 +7,8 @@ pending IR value. Every op on it arrives in ``__torch_dispatch__``.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 
 _DEVICES: dict[int, torch.device] = {}
@@ -60,6 +62,19 @@ def describe(shape, stride, offset: int, storage_numel: int, dtype: torch.dtype)
     return desc
 
 
+# The instance attributes that make up a LazyTensor's value (the rest of its
+# ``__dict__`` is the user's, or torch's ``_is_param`` mark).
+REPRESENTATION = ("_lt_storage", "_lt_desc", "_lt_index", "_lt_window", "_lt_cache")
+_NOT_USER_STATE = frozenset(REPRESENTATION) | {"_is_param"}
+_TENSOR_DATA = torch._C.TensorBase.data
+
+
+def user_state(t: torch.Tensor) -> dict:
+    """The Python attributes a user (or a library, e.g. Hugging Face's
+    ``_is_hf_initialized``) set on ``t``: what ``param.data = new`` keeps."""
+    return {k: v for k, v in vars(t).items() if k not in _NOT_USER_STATE}
+
+
 class LazyTensor(torch.Tensor):
     """A tensor on the ``tpu`` device whose value may still be pending."""
 
@@ -91,6 +106,24 @@ class LazyTensor(torch.Tensor):
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
+    @property
+    def data(self):
+        return _TENSOR_DATA.__get__(self)
+
+    @data.setter
+    def data(self, new) -> None:
+        # Note [Setting .data]: torch's ``set_data`` swaps size, strides and
+        # dtype but knows nothing of the Python-side value, so ``t.data =
+        # new`` (also ``Module._apply``'s in-place conversion, e.g. ``.half()``
+        # of a tpu model) takes ``new``'s storage and window too.
+        _TENSOR_DATA.__set__(self, new)
+        own = vars(self)
+        for name in REPRESENTATION:
+            if name in vars(new):
+                own[name] = getattr(new, name)
+            else:
+                own.pop(name, None)
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         try:
@@ -112,8 +145,17 @@ class LazyTensor(torch.Tensor):
 
     def __reduce_ex__(self, protocol):
         """``torch.save``: a sync point; saved as its CPU value, restored on
-        ``tpu`` by a loader that ``torch.load(weights_only=True)`` allows."""
+        ``tpu`` by a loader that ``torch.load(weights_only=True)`` allows. A
+        Parameter is rebuilt as one, with its attributes, as
+        ``Parameter.__reduce_ex__`` does (hooks are not saved)."""
         from lazytpu import hostio
+
+        if vars(self).get("_is_param"):
+            state = user_state(self)
+            data = (self.detach(), self.requires_grad, OrderedDict())
+            if not state:
+                return torch._utils._rebuild_parameter, data
+            return torch._utils._rebuild_parameter_with_state, (*data, state)
 
         host = hostio.to_cpu(self, reason="save")
         rebuild = torch._utils._rebuild_device_tensor_from_cpu_tensor

@@ -5,12 +5,9 @@ weights: nothing is downloaded) and run unchanged; the CPU run of the same
 model is the reference. Dropout probabilities are 0 for parity: CPU and
 ``tpu`` draw masks from different generators.
 
-Note [Tied weights]: ``model.to("tpu")`` currently unties shared parameters
-(GPT-2's ``lm_head``/``wte``, BERT's decoder weight and bias): torch's
-``Module._apply`` makes one new Parameter per module when the device tensor
-type is not shallow-copy compatible with CPU's. Until the core fixes it
-(``test_to_tpu_keeps_tied_weights``), ``_to_tpu`` re-ties them with
-``model.tie_weights()``, the call Hugging Face's Trainer makes on XLA devices.
+``model.to("tpu")`` keeps tied weights tied (GPT-2's ``lm_head``/``wte``,
+BERT's decoder weight and bias), as on CUDA: no ``model.tie_weights()`` is
+needed after the move (Note [Module conversion] in lazytpu).
 """
 
 from __future__ import annotations
@@ -89,12 +86,6 @@ def bert() -> torch.nn.Module:
 MODELS = {"gpt2": gpt2, "llama": llama, "bert": bert}
 
 
-def _to_tpu(model: torch.nn.Module) -> torch.nn.Module:
-    model.to("tpu")
-    model.tie_weights()  # Note [Tied weights]
-    return model
-
-
 def _batch() -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(2, VOCAB, (2, SEQ), generator=gen)
@@ -107,7 +98,7 @@ def _batch() -> dict[str, torch.Tensor]:
 def _train(model, device: str, steps: int = 5):
     """Losses of ``steps`` AdamW steps and the last step's gradients."""
     if device == "tpu":
-        _to_tpu(model)
+        model.to("tpu")
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batch = {k: v.to(device) for k, v in _batch().items()}
@@ -141,7 +132,7 @@ def test_training_matches_cpu(name, mode):
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_models_record_fused_attention(name):
     """``F.scaled_dot_product_attention`` in the models is one op each way, not the math decomposition."""
-    model = _to_tpu(MODELS[name]())
+    model = MODELS[name]().to("tpu")
     batch = {k: v.to("tpu") for k, v in _batch().items()}
     loss = model(**batch).loss
     forward = lazytpu.debug.pending_graph(loss)
@@ -153,10 +144,23 @@ def test_models_record_fused_attention(name):
     assert backward.count("aten._scaled_dot_product_efficient_attention_backward.default") == 2
 
 
-@pytest.mark.xfail(strict=True, reason="core: Module.to('tpu') unties shared parameters (Note [Tied weights])")
-def test_to_tpu_keeps_tied_weights():
-    model = gpt2().to("tpu")
-    assert model.lm_head.weight is model.transformer.wte.weight
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_to_tpu_keeps_tied_weights(name):
+    """The model keeps its very Parameter objects, so the names sharing one on CPU share it on ``tpu``."""
+    model = MODELS[name]()
+    before = dict(model.named_parameters(remove_duplicate=False))
+    model.to("tpu")
+    after = dict(model.named_parameters(remove_duplicate=False))
+    assert after.keys() == before.keys()
+    for key, param in after.items():
+        assert param is before[key], key
+        assert param.device.type == "tpu" and isinstance(param, torch.nn.Parameter), key
+    if name == "gpt2":
+        assert model.lm_head.weight is model.transformer.wte.weight
+    if name == "bert":
+        assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    tied = len(after) - len({id(p) for p in after.values()})
+    assert tied == {"gpt2": 1, "llama": 0, "bert": 2}[name]
 
 
 # -- generation ----------------------------------------------------------------
@@ -207,7 +211,7 @@ def test_greedy_generation_matches_cpu_gpt2():
     model = gpt2().eval()
     prompt = _prompt(8)
     expected, _ = _generate(model, prompt, "cpu")
-    _to_tpu(model)
+    model.to("tpu")
     tokens, first = _generate(model, prompt, "tpu")
     assert torch.equal(tokens, expected)
     assert tokens.shape[1] == 8 + NEW_TOKENS
@@ -224,7 +228,7 @@ def test_greedy_generation_matches_cpu_llama_bucketed_prompts():
     model = llama().eval()
     prompts = [_prompt(5, BUCKET), _prompt(11, BUCKET)]
     expected = [_generate(model, p, "cpu")[0] for p in prompts]
-    _to_tpu(model)
+    model.to("tpu")
     tokens, first = _generate(model, prompts[0], "tpu")
     assert torch.equal(tokens, expected[0])
     assert first["cpu_fallbacks"] == {}
@@ -247,7 +251,7 @@ def test_static_cache_generation_compiles_the_model_twice(tmp_path):
     model = gpt2().eval()
     prompt = _prompt(8)
     expected, _ = _generate(model, prompt, "cpu")
-    _to_tpu(model)
+    model.to("tpu")
     with lazytpu._config.DUMP_DIR.override(str(tmp_path / "static")):
         tokens, stats = _generate(model, prompt, "tpu", cache_implementation="static")
     assert torch.equal(tokens, expected)

@@ -58,3 +58,38 @@ def test_load_cpu_checkpoint_into_tpu_model(tmp_path):
     model.eval()
     torch.testing.assert_close(model(_x().to("tpu")).cpu(), source(_x()), rtol=1e-5, atol=1e-5)
     assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {}
+
+
+@pytest.mark.parametrize("weights_only", [False, True])
+@pytest.mark.parametrize("map_location", [None, "cpu"])
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_parameter_saved_alone_reloads_as_parameter(tmp_path, weights_only, map_location, requires_grad):
+    """``torch.save(param)`` reloads a Parameter, with its Python attributes, as on CPU."""
+    loaded = {}
+    for device in ("cpu", "tpu"):
+        param = nn.Parameter(torch.arange(6.0).reshape(2, 3).to(device), requires_grad=requires_grad)
+        param._is_hf_initialized = True
+        path = tmp_path / f"{device}.pt"
+        torch.save(param, path)
+        loaded[device] = torch.load(path, weights_only=weights_only, map_location=map_location)
+    cpu, tpu = loaded["cpu"], loaded["tpu"]
+    assert isinstance(tpu, nn.Parameter) and isinstance(cpu, nn.Parameter)
+    assert tpu.device.type == (map_location or "tpu")
+    assert (type(tpu) is nn.Parameter) == (map_location == "cpu")
+    assert tpu.requires_grad == cpu.requires_grad == requires_grad
+    assert tpu._is_hf_initialized is True and cpu._is_hf_initialized is True
+    assert torch.equal(tpu.detach().cpu(), cpu.detach())
+
+
+def test_whole_tied_model_round_trip(tmp_path):
+    """Pickling a whole ``tpu`` module keeps its tied Parameters one object."""
+    model = nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 5))
+    model[1].weight = model[0].weight
+    model.to("tpu")
+    path = tmp_path / "whole.pt"
+    torch.save(model, path)
+    restored = torch.load(path, weights_only=False)
+    assert restored[1].weight is restored[0].weight
+    assert isinstance(restored[0].weight, nn.Parameter) and restored[0].weight.device.type == "tpu"
+    ids = torch.tensor([0, 3, 4], device="tpu")
+    assert torch.equal(restored(ids).cpu(), model(ids).cpu())
