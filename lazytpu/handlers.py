@@ -166,3 +166,36 @@ def conj(func, args, kwargs):
     conjugate bit, so the result is materialized (``_conj_physical``). Unlike
     torch's lazy conjugate view, later writes to the input do not show in it."""
     return aten._conj_physical.default(args[0])
+
+
+# Note [CPU norm statistics]: for a half-precision input, CPU torch's layer
+# and batch norm kernels save the mean and inverse std in the input's dtype
+# (the meta kernels, as CUDA's, say float32), and batch norm outside training
+# saves none (empty tensors). CPU torch is the reference: the op runs as
+# usual (rule or decomposition), then its statistics are cast or emptied.
+_NORM_TRAINING_ARG = {
+    aten.native_layer_norm.default: None,
+    aten.native_batch_norm.default: 5,
+    aten._native_batch_norm_legit.default: 5,
+    aten._native_batch_norm_legit.no_stats: 3,
+    aten._batch_norm_with_update.default: None,
+}
+
+
+@handles(*_NORM_TRAINING_ARG)
+def norm_statistics(func, args, kwargs):
+    """Note [CPU norm statistics]."""
+    from lazytpu.dispatch import _DECOMPOSITIONS, _check_with_meta
+
+    rule = get_rule(func)
+    if rule is not None:
+        out = record(func, args, kwargs, rule)
+    else:
+        _check_with_meta(func, args, kwargs)
+        out = _DECOMPOSITIONS[func](*args, **kwargs)
+    x, position = args[0], _NORM_TRAINING_ARG[func]
+    if position is not None and not args[position]:
+        stats = [x.new_empty((0,)) for _ in range(2)]
+    else:
+        stats = [s if s.dtype == x.dtype else aten._to_copy.default(s, dtype=x.dtype) for s in out[1:3]]
+    return (out[0], *stats, *out[3:])

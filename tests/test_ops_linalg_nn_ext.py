@@ -108,3 +108,22 @@ def test_adaptive_max_pool_nan_and_bf16():
     x[0, 0, 1] = x[0, 0, 2] = float("nan")  # the last NaN of a window wins
     with no_fallback():
         run_both(lambda t: torch.nn.functional.adaptive_max_pool1d(t, 4, return_indices=True), x)
+
+
+# -- normalization statistics (Note [CPU norm statistics]) -----------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("training", [True, False])
+def test_native_batch_norm_statistics(dtype, training, eager_mode):
+    x = torch.randn(3, 2, 4, dtype=dtype)
+    mean, var = torch.zeros(2, dtype=dtype), torch.ones(2, dtype=dtype)
+    for op in (torch.ops.aten.native_batch_norm, torch.ops.aten._native_batch_norm_legit):
+        with no_fallback():
+            run_both(lambda t, m, v: op(t, None, None, m, v, training, 0.1, 1e-5), x, mean, var, mode_name=eager_mode)
+
+
+def test_native_layer_norm_statistics_dtype():
+    x = torch.randn(3, 2, 4, dtype=torch.float16)
+    with no_fallback():
+        run_both(lambda t: torch.ops.aten.native_layer_norm(t, [4], None, None, 1e-5), x)
