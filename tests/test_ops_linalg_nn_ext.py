@@ -120,7 +120,9 @@ def test_native_batch_norm_statistics(dtype, training, eager_mode):
     mean, var = torch.zeros(2, dtype=dtype), torch.ones(2, dtype=dtype)
     for op in (torch.ops.aten.native_batch_norm, torch.ops.aten._native_batch_norm_legit):
         with no_fallback():
-            run_both(lambda t, m, v: op(t, None, None, m, v, training, 0.1, 1e-5), x, mean, var, mode_name=eager_mode)
+            run_both(
+                lambda t, m, v, op=op: op(t, None, None, m, v, training, 0.1, 1e-5), x, mean, var, mode_name=eager_mode
+            )
 
 
 def test_native_layer_norm_statistics_dtype():
