@@ -12,6 +12,7 @@ from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
     misc,
     nn,
     normalization,
+    pointwise_ext,
     pooling,
     random,
     reduction,
