@@ -129,3 +129,19 @@ def test_native_layer_norm_statistics_dtype():
     x = torch.randn(3, 2, 4, dtype=torch.float16)
     with no_fallback():
         run_both(lambda t: torch.ops.aten.native_layer_norm(t, [4], None, None, 1e-5), x)
+
+
+# -- custom ops with a Python body (dispatch step 6) ------------------------------
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_linear_cross_entropy_chunked(reduction):
+    x, w = torch.randn(5, 3, requires_grad=True), torch.randn(7, 3, requires_grad=True)
+    target = torch.randint(0, 7, (5,))
+    options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=2)
+
+    def fn(a, b, t):
+        return torch.nn.functional.linear_cross_entropy(a, b, t, reduction=reduction, options=options)
+
+    with no_fallback():
+        run_both(fn, x, w, target, grad=True, rtol=1e-5, atol=1e-5)
