@@ -792,7 +792,8 @@ JOBS = {
 
 def main() -> None:
     job = JOBS[sys.argv[1]]
-    faulthandler.dump_traceback_later(float(os.environ.get("DIST_TEST_WATCHDOG_S", WATCHDOG_S)), exit=True)
+    watchdog_s = float(os.environ.get("DIST_TEST_WATCHDOG_S", WATCHDOG_S))
+    faulthandler.dump_traceback_later(watchdog_s, exit=True)
     import traceback
 
     import torch.distributed as dist
@@ -804,6 +805,9 @@ def main() -> None:
         lazytpu.distributed.options().heartbeat_timeout_s = int(os.environ.get("DIST_TEST_HEARTBEAT_S", 100))
         dist.init_process_group(backend=job.backend)
         rank, world = dist.get_rank(), dist.get_world_size()
+    # Re-armed once the ranks are up: a slow start (a loaded machine) must not
+    # use up the sections' time.
+    faulthandler.dump_traceback_later(watchdog_s, exit=True)
     for section in job.sections:
         name = section.__name__.removeprefix("_section_")
         try:
