@@ -12,6 +12,7 @@ VARIANT_LABELS = {
     "strict": "lazytpu strict",
     "cpu": "CPU eager",
     "compile": "torch.compile",
+    "tpu_compile": "torch.compile tpu",
     "jax": "jax.jit",
 }
 
@@ -24,6 +25,8 @@ RATIOS = {
     "cpu/defer": ("cpu", "defer"),  # > 1: defer beats CPU eager
     "cpu/compile": ("cpu", "compile"),
     "defer/compile": ("defer", "compile"),
+    "tpu_compile/jax": ("tpu_compile", "jax"),  # <= 1.1: torch.compile(backend="tpu") within 1.1x of jax.jit
+    "defer/tpu_compile": ("defer", "tpu_compile"),  # > 1: the compiled step beats defer
 }
 
 # (ratio or metric, workload, comparison, bound, description)
@@ -36,6 +39,13 @@ TARGETS = [
     ("defer/jax", "chain", "<=", 1.25, "defer within 1.25x of jax.jit on (b)"),
     ("defer/jax", "transformer", "<=", 2.0, "defer within 2x of jax.jit on (c)"),
     ("us_per_op", "record", "<=", 10.0, "recording <= 10 us/op on a cache hit (d)"),
+    # issue 8, item 6: torch.compile(backend="tpu")
+    ("tpu_compile/jax", "mlp_b32", "<=", 1.1, "torch.compile tpu within 1.1x of jax.jit on (a) batch 32"),
+    ("tpu_compile/jax", "mlp_b256", "<=", 1.1, "torch.compile tpu within 1.1x of jax.jit on (a) batch 256"),
+    ("tpu_compile/jax", "transformer", "<=", 1.1, "torch.compile tpu within 1.1x of jax.jit on (c)"),
+    ("defer/tpu_compile", "mlp_b32", ">", 1.0, "torch.compile tpu faster than defer on (a) batch 32"),
+    ("defer/tpu_compile", "mlp_b256", ">", 1.0, "torch.compile tpu faster than defer on (a) batch 256"),
+    ("defer/tpu_compile", "transformer", ">", 1.0, "torch.compile tpu faster than defer on (c)"),
 ]
 TRAINING = ("mlp_b32", "mlp_b256", "chain", "transformer")
 
@@ -51,7 +61,7 @@ def _paired_ratio(num: dict | None, den: dict | None, warmup: int, key: str = "t
 def _check(value: float | None, cmp: str, bound: float) -> str:
     if value is None:
         return "NO DATA"
-    ok = value >= bound if cmp == ">=" else value <= bound
+    ok = {">=": value >= bound, ">": value > bound, "<=": value <= bound}[cmp]
     return "PASS" if ok else "FAIL"
 
 
@@ -72,6 +82,8 @@ def build(meta: dict, cases: list[dict]) -> dict[str, Any]:
     for metric, w, cmp, bound, desc in TARGETS:
         if w not in workloads:
             continue
+        if "tpu_compile" in metric and ratios[w][metric] is None and cpu_ratios[w][metric] is None:
+            continue  # the variant was not run (it is not in every run of the suite)
         if metric == "us_per_op":
             case = by.get(("record", "defer")) or {}
             value = case["median_s"] * 1e6 if case.get("median_s") is not None else None
@@ -217,10 +229,13 @@ def table(data: dict) -> str:
         out += _grid(["workload"] + list(RATIOS), rows, left=1)
     out.append(
         "strict/defer > 1: defer faster than strict; defer/jax <= 1.25: defer within 1.25x of jax.jit; "
-        "cpu/X > 1: X beats CPU eager"
+        'cpu/X > 1: X beats CPU eager; tpu_compile: torch.compile(backend="tpu")'
     )
 
-    out += ["", "Targets (issue 5, item 4), judged on wall clock; the CPU-time verdict is shown for comparison:"]
+    out += [
+        "",
+        "Targets (issue 5 item 4, issue 8 item 6), judged on wall clock; the CPU-time verdict is shown for comparison:",
+    ]
     rows = [
         [
             t["result"],
@@ -245,7 +260,8 @@ def table(data: dict) -> str:
             notes.append(f"{name}: {c['compiled_in_steady_state']} recompiles in steady state")
         if c.get("loss_matches_cpu") is False:
             notes.append(f"{name}: step-0 loss {c['loss_first']} differs from CPU eager")
-        if c["variant"] == "defer" and c.get("programs_per_step") not in (None, 1.0) and c["workload"] != "record":
+        one_program = c["variant"] in ("defer", "tpu_compile") and c["workload"] != "record"
+        if one_program and c.get("programs_per_step") not in (None, 1.0):
             notes.append(f"{name}: {c['programs_per_step']} programs per step (expected 1)")
     if notes:
         out += ["", "Notes:"] + [f"- {n}" for n in notes]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
+import functools
 import gc
 import os
 import platform
@@ -165,6 +166,23 @@ class LazyCase(Case):
         }
 
 
+class TpuCompileCase(LazyCase):
+    """lazytpu in defer mode with the forward (+ its backward) and the optimizer step under
+    ``torch.compile(backend="tpu")``: each compiled graph is one node of the step's program."""
+
+    def setup(self) -> None:
+        factory = W.WORKLOADS[self.workload][0]
+        with torch.tpu.set_eager_mode("defer"):
+            self.w = factory("tpu", **self.kwargs)
+            self.w.compile(functools.partial(torch.compile, backend="tpu"), optimizer=True)
+            torch.tpu.synchronize()
+
+    @contextlib.contextmanager
+    def around(self):
+        with torch.tpu.set_eager_mode("defer"):
+            yield
+
+
 class JaxCase(Case):
     """The hand-written JAX step under one jax.jit."""
 
@@ -195,7 +213,7 @@ class RecordCase(Case):
 
     def setup(self) -> None:
         self.n = self.kwargs["n_ops"]
-        if self.variant in ("compile", "jax"):
+        if self.variant in ("compile", "tpu_compile", "jax"):
             raise NotApplicable("(d) measures per-op dispatch of eager torch code")
         x = torch.randn(RECORD_SIZE, generator=torch.Generator().manual_seed(W.SEED))
         self.x = x if self.variant == "cpu" else x.to("tpu")
@@ -226,7 +244,14 @@ class RecordCase(Case):
         return LazyCase.counters(self) if self.variant != "cpu" else super().counters()
 
 
-CASE_TYPES = {"defer": LazyCase, "strict": LazyCase, "cpu": TorchCase, "compile": TorchCase, "jax": JaxCase}
+CASE_TYPES = {
+    "defer": LazyCase,
+    "strict": LazyCase,
+    "cpu": TorchCase,
+    "compile": TorchCase,
+    "tpu_compile": TpuCompileCase,
+    "jax": JaxCase,
+}
 
 
 # ---------------------------------------------------------------------------
@@ -352,7 +377,7 @@ def _case_result(case: Case, warmup: int) -> dict[str, Any]:
             compiled_in_steady_state=case.compiled_steady,
             cpu_fallbacks=dict(+case.fallbacks),
         )
-        if case.variant in ("defer", "strict") and case.steady_steps:
+        if case.variant in ("defer", "strict", "tpu_compile") and case.steady_steps:
             out["programs_per_step"] = case.executed_steady / case.steady_steps
     return out
 

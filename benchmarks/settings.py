@@ -31,7 +31,7 @@ import shutil
 import sys
 import tempfile
 
-VARIANTS = ("defer", "strict", "cpu", "compile", "jax")
+VARIANTS = ("defer", "strict", "cpu", "compile", "tpu_compile", "jax")
 WORKLOAD_NAMES = ("mlp_b32", "mlp_b256", "chain", "transformer", "record")
 DEFAULT_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

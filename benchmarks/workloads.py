@@ -35,15 +35,17 @@ class Workload:
         init_state: CPU copies of the initial parameters and inputs, by name
             (what the JAX version starts from).
         model: the ``nn.Module`` if there is one (torch.compile wraps parts of it).
-        compile: rebuild ``step`` with the forward (+ its backward) under
-            ``torch.compile``; the optimizer stays eager.
+        compile: ``compile(compiler, optimizer=False)`` rebuilds ``step`` with the
+            forward (+ its backward) under ``compiler`` (``torch.compile`` or a
+            partial of it); with ``optimizer=True`` also ``optimizer.step()``
+            (else the optimizer stays eager).
     """
 
     name: str
     step: Callable[[], torch.Tensor]
     init_state: dict[str, Any]
     model: nn.Module | None = None
-    compile: Callable[[Callable], None] | None = None
+    compile: Callable[..., None] | None = None
 
 
 def _cpu_state(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -79,17 +81,20 @@ def mlp(device: str, batch: int = 32, sizes=MLP_SIZES) -> Workload:
     x, y = x_cpu.to(device), y_cpu.to(device)
     opt = torch.optim.SGD(model.parameters(), lr=MLP_LR)
     loss_fn = [lambda: F.cross_entropy(model(x), y)]
+    opt_step = [opt.step]
 
     def step() -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
         loss = loss_fn[0]()
         loss.backward()
-        opt.step()
+        opt_step[0]()
         return loss.detach()
 
-    def compile_(compiler: Callable) -> None:
+    def compile_(compiler: Callable, optimizer: bool = False) -> None:
         compiled = compiler(lambda a, b: F.cross_entropy(model(a), b))
         loss_fn[0] = lambda: compiled(x, y)
+        if optimizer:
+            opt_step[0] = compiler(opt.step)
 
     return Workload(f"mlp_b{batch}", step, init, model, compile_)
 
@@ -137,8 +142,8 @@ def elementwise_chain(device: str, n: int = 1024) -> Workload:
         loss.backward()
         return loss.detach()
 
-    def compile_(compiler: Callable) -> None:
-        fn[0] = compiler(chain)
+    def compile_(compiler: Callable, optimizer: bool = False) -> None:
+        fn[0] = compiler(chain)  # no optimizer
 
     return Workload(f"chain_{n}", step, init, None, compile_)
 
@@ -198,16 +203,19 @@ def transformer(device: str, batch: int = 8, **sizes) -> Workload:
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), b.reshape(-1))
 
     fn = [loss_of]
+    opt_step = [opt.step]
 
     def step() -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
         loss = fn[0](inp, tgt)
         loss.backward()
-        opt.step()
+        opt_step[0]()
         return loss.detach()
 
-    def compile_(compiler: Callable) -> None:
+    def compile_(compiler: Callable, optimizer: bool = False) -> None:
         fn[0] = compiler(loss_of)
+        if optimizer:
+            opt_step[0] = compiler(opt.step)
 
     return Workload("transformer", step, init, model, compile_)
 

@@ -133,4 +133,5 @@ def backend(gm: torch.fx.GraphModule, example_inputs):
         bw_compiler=compilers["backward"],
         inference_compiler=compilers["inference"],
         decompositions=decompositions(),
+        keep_inference_input_mutations=True,  # Note [Input mutations] in fx_lowering
     )

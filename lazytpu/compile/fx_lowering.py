@@ -1,11 +1,22 @@
-"""Lower one FX graph of ATen ops to one JAX program; run it on tpu buffers.
+"""Lower one FX graph of ATen ops to one JAX function; call it as one IR node.
 
 A ``GraphProgram`` is made once per FX graph (AOTAutograd's forward,
-backward or inference graph). Calling it gathers the device buffers of its
-inputs, runs the program compiled for their signature through the runtime
-(the same compile cache, metrics and persistent cache as a sync) and wraps
-the results as ``tpu`` tensors owning fresh storages, as a sync re-binds
-pending tensors.
+backward or inference graph). Calling it records one node into the pending
+graph (Note [Graphs as nodes]) and returns ``tpu`` tensors of its pending
+outputs.
+
+Note [Graphs as nodes]: a call of a compiled graph is recorded like any op:
+one node (op ``COMPILED_GRAPH``) whose inputs are the IR values of its
+arguments, pending or materialized, and whose static attribute (a
+``GraphCall``) is the graph and its input signature; its lowering rule is
+the graph's JAX function. So nothing is flushed before a graph runs (the
+eager ops that made its inputs, e.g. the loss gradient's seed, fuse with
+it), and a training step's forward graph, backward graph and eager
+optimizer update become one program at the optimizer's sync, as one
+``jax.jit`` of the whole step would be; strict mode runs the node at once,
+as it runs every op. Per call, the node's structure comes from a plan made
+once per signature (``_CallPlan``): steady state records one node and
+allocates the output tensors, nothing else.
 
 Note [FX node resolution]: a ``call_function`` node resolves, in order, to
 
@@ -35,19 +46,24 @@ import operator
 import jax.numpy as jnp
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+from torch.autograd.graph import increment_version
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
-from lazytpu import _caches, hostio, runtime
-from lazytpu.aliasing import contiguous_strides, new_tensor_of
+from lazytpu import _caches, _dtypes, hostio
+from lazytpu.aliasing import contiguous_strides, new_tensor_of, write_value
 from lazytpu.compile.explain import observe_compile
-from lazytpu.engine import MODE, RNG_AVAL, EagerMode, context
-from lazytpu.ir import Aval, Data
+from lazytpu.engine import RNG_AVAL, context
+from lazytpu.ir import Aval, Node, Output, Scalar
 from lazytpu.ir.template import Slot, Template, fill, flatten
-from lazytpu.lowering import apply_op, get_rule
+from lazytpu.lowering import apply_op, get_rule, lowering
 from lazytpu.lowering.views import VIEW_READ
 from lazytpu.tensor import LazyTensor, describe
 
 aten = torch.ops.aten
+
+# lazytpu IR ops: a call of a compiled graph (Note [Graphs as nodes]).
+COMPILED_GRAPH = "lazytpu.compiled_graph"
+COMPILED_GRAPH_RANDOM = "lazytpu.compiled_graph_random"
 
 
 class GraphLoweringError(RuntimeError):
@@ -97,7 +113,7 @@ def _sym_numel(fn, x):
     return math.prod(x.shape)
 
 
-@graph_rule(aten.copy.default)
+@graph_rule(aten.copy.default, aten.copy_.default)  # copy_: an input mutation (Note [Input mutations])
 def _copy(fn, x, src, non_blocking=False):
     return jnp.broadcast_to(src, x.shape).astype(x.dtype)
 
@@ -180,6 +196,17 @@ def _out_layout(meta):
 
 # -- the program ----------------------------------------------------------------
 
+# Note [Host scalars]: a 0-d CPU tensor argument (an optimizer's step count,
+# a bias correction computed from it on the host) is passed to the program as
+# a Python number, lifted like eager's scalars (Note [Scalar lifting]), and
+# cast back to its dtype inside: no host-to-device transfer per call, and a
+# new value does not recompile. float64 and int64 hold every value of the
+# narrower types exactly.
+_HOST_SCALARS = {
+    **dict.fromkeys((torch.float16, torch.bfloat16, torch.float32, torch.float64), float),
+    **dict.fromkeys((torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64), int),
+}
+
 
 def _window_read(base, base_stride, window):
     size, stride, offset = window
@@ -232,15 +259,45 @@ def _on_cpu(meta) -> bool:
     return False
 
 
+def _host_nodes(nodes: list, host_inputs: set) -> set:
+    """The graph inputs on the host, and the nodes that run on the host
+    (Note [Host nodes])."""
+    able = set(host_inputs)  # CPU results of CPU inputs only
+    for node in nodes:
+        if node.op == "call_function" and _on_cpu(node.meta.get("val")):
+            if all(a in able for a in node.all_input_nodes):
+                able.add(node)
+    needed = set()
+    stack = []
+    for node in nodes:
+        if node not in able or node.op != "call_function":
+            continue
+        op = lowerable(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
+        if op is None or get_rule(op).random or node.target._schema.is_mutable:
+            stack.append(node)  # no device rule, draws from torch's CPU generator, or writes a host tensor
+    outputs = next(n for n in reversed(nodes) if n.op == "output")
+    stack += [a for a in outputs.all_input_nodes if a in able]  # returned on the host
+    while stack:
+        node = stack.pop()
+        if node not in needed:
+            needed.add(node)
+            stack += [a for a in node.all_input_nodes if a in able]
+    return host_inputs | {n for n in needed if n.op == "call_function"}
+
+
 class GraphProgram:
     """One FX graph, lowered to one JAX program per input signature
     (Note [Graph signatures]); called with AOTAutograd's boxed convention.
 
     Note [Host nodes]: nodes computing CPU tensors from CPU tensors only (an
     optimizer's step counters, which torch keeps on CPU) run on CPU torch
-    before the program, as eager runs them: their results stay on the host
-    (no device round trip for the counter written back) and are program
-    inputs where device nodes use them.
+    before the program, as eager runs them, when their result must be on the
+    host: written into a CPU input (the counter's ``+= 1``), returned, or
+    made by an op with no device rule or a random one; their results are
+    program inputs where device nodes use them (0-d ones as Python numbers,
+    Note [Host scalars]). The others (e.g. the bias corrections an optimizer
+    computes from its counters) are computed in the program: one CPU torch
+    call each would cost more than the whole update.
     """
 
     _boxed_call = True
@@ -257,27 +314,47 @@ class GraphProgram:
         self.constants = [_get_attr(gm, n.target) for n in attrs]
         self.symbolic = any(_symbolic(m) for m in self.placeholder_metas)
         graph_inputs = self.graph_inputs = self.placeholders + attrs
-        host = {n for n in graph_inputs if _on_cpu(n.meta.get("val"))}
+        host = _host_nodes(nodes, {n for n in graph_inputs if _on_cpu(n.meta.get("val"))})
         self.host_nodes: list[torch.fx.Node] = []
         self.steps: list[_Step] = []
         self.random = False
+        mutations = []
         for node in nodes:
             if node.op == "call_function":
-                if _on_cpu(node.meta.get("val")) and all(a in host for a in node.all_input_nodes):
-                    host.add(node)
+                if node in host:
                     self.host_nodes.append(node)
-                else:
-                    self.steps.append(self._call_step(node))
+                    continue
+                if node.target is aten.copy_.default:
+                    dst = node.args[0]
+                    if not (isinstance(dst, torch.fx.Node) and dst.op == "placeholder") or _on_cpu(dst.meta.get("val")):
+                        raise GraphLoweringError(
+                            f"lazytpu.compile: FX node {node.name!r} writes {dst} from the device; "
+                            "only device inputs can be written"
+                        )
+                    mutations.append(node)
+                self.steps.append(self._call_step(node))
             elif node.op == "output":
                 self._outputs(node, host)
             elif node.op not in ("placeholder", "get_attr"):
                 raise GraphLoweringError(f"lazytpu.compile: FX node {node.name!r} ({node.op}) is not supported")
+        # Note [Input mutations]: a graph compiled with its input mutations kept
+        # (``copy_`` of a placeholder: the optimizer step's parameters and
+        # state) re-binds the input tensors to the node's results, as
+        # lazytpu's ``copy_`` would, without making output tensors for them.
+        placeholder_position = {n: i for i, n in enumerate(self.placeholders)}
+        self.mutated: list[tuple[int, int]] = []  # (input position, program output)
+        for node in mutations:
+            self.program_outputs.append(node)
+            self.output_strides.append(None)
+            self.mutated.append((placeholder_position[node.args[0]], len(self.program_outputs) - 1))
+        self.made_outputs = len(self.program_outputs) - len(mutations)  # outputs that become new tensors
         used = {a for step in self.steps for a in step.slots} | set(self.program_outputs)
         # The program's inputs: graph inputs and host results that device nodes read.
         self.feeds = [n for n in graph_inputs if n in used] + [n for n in self.host_nodes if n in used]
         self.feed_names = [n.name for n in self.feeds]
         position = {n: i for i, n in enumerate(graph_inputs)}
         self.feed_sources = [position.get(n, n) for n in self.feeds]  # int: graph input; Node: host result
+        self.plans: dict = {}  # call signature -> _CallPlan
 
     def _call_step(self, node) -> _Step:
         template, slots = flatten(node.args, node.kwargs, _pick_node)
@@ -305,6 +382,7 @@ class GraphProgram:
         # same tensor); sizes and constants are returned as values.
         position = {n: i for i, n in enumerate(self.placeholders)}
         self.program_outputs: list[torch.fx.Node] = []
+        self.output_strides: list[tuple | None] = []  # per program output: its strides, None if contiguous
         self.outputs: list[tuple] = []
         for out in node.args[0]:
             if not (isinstance(out, torch.fx.Node) and isinstance(out.meta.get("val"), torch.Tensor)):
@@ -320,15 +398,16 @@ class GraphProgram:
             root = out
             while root.target in _ALIASES:
                 root = root.args[0]
+            meta = root.meta["val"]
             if root not in self.program_outputs:
                 self.program_outputs.append(root)
-            meta = root.meta["val"]
-            stride = None
-            if not _symbolic(meta) and all(is_concrete_int(s) for s in meta.stride()):
-                if is_non_overlapping_and_dense(meta):
-                    stride = tuple(int(s) for s in meta.stride())
+                stride = None
+                if not _symbolic(meta) and all(is_concrete_int(s) for s in meta.stride()):
+                    if is_non_overlapping_and_dense(meta):
+                        stride = tuple(int(s) for s in meta.stride())
+                self.output_strides.append(stride)
             on_cpu = meta.device.type == "cpu"  # e.g. ``.cpu()`` in the graph: returned on the host
-            self.outputs.append(("tensor", self.program_outputs.index(root), meta.dtype, stride, on_cpu))
+            self.outputs.append(("tensor", self.program_outputs.index(root), on_cpu))
 
     # -- tracing (once per signature) --------------------------------------
 
@@ -346,7 +425,11 @@ class GraphProgram:
                     continue
                 x = inputs[cursor]
                 cursor += 1
-                env[node] = _window_read(x, part[2], part[3]) if kind == "view" else x
+                if kind == "view":
+                    x = _window_read(x, part[2], part[3])
+                elif kind == "cpu_scalar":
+                    x = jnp.asarray(x, _dtypes.to_jax(part[1]))
+                env[node] = x
             key = inputs[cursor] if cursor < len(inputs) else None
             for step in steps:
                 args = [env[n] for n in step.slots]
@@ -386,63 +469,84 @@ class GraphProgram:
             env[node] = node.target(*args, **kwargs)
         return env
 
-    def _signature(self, values: list, host: dict, ctx) -> tuple[tuple, list]:
-        """(signature parts, program inputs) of the call (Note [Graph signatures])."""
-        feeds = [values[s] if type(s) is int else host[s] for s in self.feed_sources]
-        for v in feeds:
-            if type(v) is LazyTensor and type(v._lt_storage.value) is not Data:
-                ctx.flush("compiled_graph")
-                break
+    def _signature(self, values: list, host: dict, index: int) -> tuple[tuple, list]:
+        """(signature parts, IR input values) of the call (Note [Graph signatures])."""
         parts, inputs = [], []
-        for v in feeds:
+        for s in self.feed_sources:
+            v = values[s] if type(s) is int else host[s]
             t = type(v)
             if t is LazyTensor:
                 storage = v._lt_storage
-                data = storage.value
-                inputs.append(data.buffer)
+                value = storage.value  # pending or not: the graph is a node of the pending graph
+                inputs.append(value)
                 window = v._lt_window
-                parts.append(("buffer", data.aval) if window is None else ("view", data.aval, storage.stride, window))
+                if window is None:  # the desc's aval is interned: the signature compares by identity
+                    parts.append(("buffer", v._lt_desc.aval))
+                else:
+                    parts.append(("view", value.aval, storage.stride, window))
             elif isinstance(v, torch.Tensor):
-                data = hostio.data_from_cpu(v, ctx.index)
-                inputs.append(data.buffer)
+                kind = _HOST_SCALARS.get(v.dtype) if v.dim() == 0 else None
+                if kind is not None:  # e.g. an optimizer's step count: no transfer (Note [Host scalars])
+                    inputs.append(Scalar(kind(v.item())))
+                    parts.append(("cpu_scalar", v.dtype))
+                    continue
+                data = hostio.data_from_cpu(v, index)
+                inputs.append(data)
                 parts.append(("cpu", data.aval))
             elif t is float or isinstance(v, torch.SymFloat):
-                inputs.append(float(v))
+                inputs.append(Scalar(float(v)))
                 parts.append(("scalar", float))
             else:
                 parts.append(("static", int(v) if isinstance(v, torch.SymInt) else v))
         return tuple(parts), inputs
 
+    def _plan(self, parts: tuple, bindings: dict) -> _CallPlan:
+        """The node structure of calls of signature ``parts`` (made once per signature)."""
+        call = GraphCall(self, parts, bindings)
+        out_avals = tuple(_aval(n.meta["val"], bindings) for n in self.program_outputs)
+        descs = []
+        for aval, stride in zip(out_avals, self.output_strides):
+            shape = aval.shape
+            descs.append(describe(shape, stride or contiguous_strides(shape), 0, math.prod(shape), aval.dtype))
+        n_inputs = sum(p[0] != "static" for p in parts) + self.random
+        op = COMPILED_GRAPH_RANDOM if self.random else COMPILED_GRAPH
+        if self.random:
+            out_avals += (RNG_AVAL,)
+        template = Template(tuple(Slot(i) for i in range(n_inputs)), (("graph", call),))
+        observe_compile(self, parts, None)
+        static = (op, template, out_avals)
+        return _CallPlan(op, template, out_avals, _STATICS.setdefault(static, _Static(static)), tuple(descs))
+
     @torch.compiler.disable  # Note [Dynamo hooks], 3: nothing below is user code
     def __call__(self, args: list):
+        """Record the graph as one node of the pending graph (Note [Graphs as nodes])."""
         values = args if not self.constants else [*args, *self.constants]
         index = next((v._lt_index for v in values if type(v) is LazyTensor), 0)
         ctx = context(index)
         passthrough = [args[o[1]] for o in self.outputs if o[0] == "input"]
+        targets = [args[i] for i, _ in self.mutated]
         host = self._run_host(values) if self.host_nodes else {}
         bindings = self._bindings(values) if self.symbolic else {}
         with ctx.graph.lock:
-            parts, inputs = self._signature(values, host, ctx)
-            if self.random:
-                rng = ctx.rng_value()
-                if type(rng) is not Data:
-                    ctx.flush("compiled_graph")
-                    rng = ctx.graph.rng
-                inputs.append(rng.buffer)
+            parts, inputs = self._signature(values, host, index)
             args.clear()
             del values
             signature = (parts, tuple(sorted(bindings.items(), key=str))) if bindings else parts
-            outs = runtime.execute(
-                (self.key, signature, self.random),
-                lambda: self.make_fn(parts, bindings),
-                inputs,
-                index=index,
-                blocking=MODE.current is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING,
-                on_compile=lambda lowered: observe_compile(self, parts, lowered),
-            )
+            plan = self.plans.get(signature)
+            if plan is None:
+                plan = self.plans[signature] = self._plan(parts, bindings)
             if self.random:
-                ctx.graph.rng = Data(outs[-1], RNG_AVAL)
-        return self._wrap(outs, passthrough, host, bindings, index)
+                inputs.append(ctx.rng_value())
+            node = Node(plan.op, plan.template, tuple(inputs), plan.out_avals, static=plan.static)
+            if self.random:
+                ctx.graph.rng = Output(node, len(plan.out_avals) - 1)
+            made = [new_tensor_of(Output(node, k), plan.descs[k], index) for k in range(self.made_outputs)]
+            for t, (_, k) in zip(targets, self.mutated):
+                write_value(t, Output(node, k))
+            ctx.recorded(node)  # strict mode runs it now
+        if targets:
+            increment_version(targets)
+        return self._wrap(made, passthrough, host, bindings)
 
     def _bindings(self, values) -> dict:
         bindings: dict = {}
@@ -450,10 +554,10 @@ class GraphProgram:
             _bind(meta, value, bindings)
         return bindings
 
-    def _wrap(self, outs, passthrough: list, host: dict, bindings: dict, index: int) -> list:
-        made: dict[int, LazyTensor] = {}
+    def _wrap(self, made: list, passthrough: list, host: dict, bindings: dict) -> list:
         result = []
         it = iter(passthrough)
+        on_host: dict[int, torch.Tensor] = {}
         for out in self.outputs:
             kind = out[0]
             if kind == "input":
@@ -463,18 +567,76 @@ class GraphProgram:
                 result.append(t)
             elif kind == "tensor":
                 k = out[1]
-                t = made.get(k)
-                if t is None:
-                    buf = outs[k]
-                    shape = tuple(buf.shape)
-                    stride = out[3] if out[3] is not None else contiguous_strides(shape)
-                    desc = describe(shape, stride, 0, math.prod(shape), out[2])
-                    t = new_tensor_of(Data(buf, desc.aval), desc, index)
-                    t = made[k] = hostio.to_cpu(t, reason="compiled_graph_output") if out[4] else t
-                result.append(t)
+                if out[2]:  # e.g. ``.cpu()`` in the graph: returned on the host (a sync)
+                    if k not in on_host:
+                        on_host[k] = hostio.to_cpu(made[k], reason="compiled_graph_output")
+                    result.append(on_host[k])
+                else:
+                    result.append(made[k])
             elif kind == "host":
                 result.append(host[out[1]])
             else:
                 value = out[1]
                 result.append(_concrete(value, bindings) if isinstance(value, torch.SymInt) else value)
         return result
+
+
+class _Static:
+    """A compiled-graph node's interned structure (op, template, output
+    avals): equal structures are one object, hashed and compared by
+    identity, so a program key holding it hashes in constant time however
+    many inputs the graph has."""
+
+    __slots__ = ("static",)
+
+    def __init__(self, static: tuple) -> None:
+        self.static = static
+
+    def __repr__(self) -> str:
+        return f"_Static{self.static!r}"
+
+
+_STATICS: dict[tuple, _Static] = {}
+_caches.register("compiled_graph_statics", _STATICS.clear)
+
+
+class _CallPlan:
+    """How calls of one signature are recorded: the node's op, call template,
+    output avals and static key, and the output tensors' layouts."""
+
+    __slots__ = ("op", "template", "out_avals", "static", "descs")
+
+    def __init__(self, op, template, out_avals, static, descs) -> None:
+        self.op, self.template, self.out_avals, self.static, self.descs = op, template, out_avals, static, descs
+
+
+class GraphCall:
+    """The static attribute of a compiled-graph node: the graph and the
+    signature it is called with. Equal (and hashed) by the graph's code and
+    the signature, so graphs with equal code share programs."""
+
+    __slots__ = ("program", "parts", "bindings", "key", "_hash")
+
+    def __init__(self, program: GraphProgram, parts: tuple, bindings: dict) -> None:
+        self.program, self.parts, self.bindings = program, parts, bindings
+        self.key = (program.key, parts, tuple(sorted(bindings.items(), key=str)))
+        self._hash = hash(self.key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        return self is other or (type(other) is GraphCall and self.key == other.key)
+
+    def __repr__(self) -> str:
+        return f"<compiled {self.program.name} graph>"
+
+
+@lowering(COMPILED_GRAPH)
+def _compiled_graph(*inputs, graph: GraphCall):
+    return graph.program.make_fn(graph.parts, graph.bindings)(*inputs)
+
+
+@lowering(COMPILED_GRAPH_RANDOM, random=True)
+def _compiled_graph_random(*inputs, key, graph: GraphCall):
+    return graph.program.make_fn(graph.parts, graph.bindings)(*inputs, key)[:-1]  # apply_op threads the key
