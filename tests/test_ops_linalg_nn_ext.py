@@ -145,3 +145,27 @@ def test_linear_cross_entropy_chunked(reduction):
 
     with no_fallback():
         run_both(fn, x, w, target, grad=True, rtol=1e-5, atol=1e-5)
+
+
+# -- scaled matrix products: integer scalars truncate, half precision rounds as CPU ----
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bfloat16])
+@pytest.mark.parametrize(
+    "fn,shapes",
+    [
+        (torch.addmv, [(5,), (5, 4), (4,)]),
+        (torch.addbmm, [(3, 6), (4, 3, 5), (4, 5, 6)]),
+        (torch.baddbmm, [(1,), (4, 3, 5), (4, 5, 6)]),
+        (torch.addr, [(5, 6), (5,), (6,)]),
+    ],
+)
+def test_scaled_products(fn, shapes, dtype):
+    args = [torch.randint(-9, 9, s).to(dtype) if dtype == torch.int64 else torch.randn(s).to(dtype) * 9 for s in shapes]
+    if fn is torch.addr and dtype == torch.int64:  # torch refuses float scalars here
+        with pytest.raises(RuntimeError, match="must not be a floating point number"):
+            fn(*[a.to("tpu") for a in args], beta=1.7)
+        return
+    with no_fallback():
+        run_both(lambda a, b, c: fn(a, b, c, beta=1.7, alpha=2.6), *args)
+        run_both(lambda a, b, c: fn(a, b, c, beta=0.2, alpha=0.6), *args)

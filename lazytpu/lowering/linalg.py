@@ -10,6 +10,7 @@ in it do not propagate), so the rule selects instead of multiplying.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import torch
 
@@ -18,8 +19,16 @@ from lazytpu.lowering.registry import lowering
 aten = torch.ops.aten
 
 
+def _truncated(scalar, dtype):
+    """A (possibly lifted) scalar as an integer of ``dtype``, truncated."""
+    return scalar if isinstance(scalar, int) else jnp.asarray(scalar).astype(dtype)
+
+
 def _scaled_add(bias, product, beta, alpha):
-    """``beta * bias + alpha * product`` (Note [Scaled adds])."""
+    """``beta * bias + alpha * product`` (Note [Scaled adds]). Integer results
+    take the scalars truncated to integers, as torch's CPU kernels do."""
+    if jnp.issubdtype(bias.dtype, jnp.integer) or bias.dtype == jnp.bool_:
+        beta, alpha = _truncated(beta, bias.dtype), _truncated(alpha, bias.dtype)
     scaled = product if isinstance(alpha, int) and alpha == 1 else alpha * product
     if isinstance(beta, int) and beta == 1:
         return bias + scaled
@@ -42,18 +51,44 @@ def vdot(x, y):
     return jnp.vdot(x, y)
 
 
+def _half_as_float(*arrays):
+    """Half-precision products accumulate and scale in float32, rounded once
+    at the end (torch's CPU GEMM paths)."""
+    if arrays[0].dtype in (jnp.bfloat16, jnp.float16):
+        return tuple(a.astype(jnp.float32) for a in arrays)
+    return arrays
+
+
 @lowering(aten.addmm.default, aten.baddbmm.default, aten.addmv.default)
 def addmm(bias, x, y, *, beta=1, alpha=1):
+    bias, x, y = _half_as_float(bias, x, y)
     return _scaled_add(bias, jnp.matmul(x, y), beta, alpha)
 
 
 @lowering(aten.addbmm.default)
 def addbmm(bias, x, y, *, beta=1, alpha=1):
-    return _scaled_add(bias, jnp.einsum("bij,bjk->ik", x, y), beta, alpha)
+    """Half precision: one ``addmm`` per batch, rounded after each (torch's
+    CPU loop); otherwise one contraction."""
+    dtype = bias.dtype
+    if dtype not in (jnp.bfloat16, jnp.float16) or x.shape[0] == 0:
+        bias, x, y = _half_as_float(bias, x, y)
+        return _scaled_add(bias, jnp.einsum("bij,bjk->ik", x, y), beta, alpha)
+    first = addmm(jnp.broadcast_to(bias, (x.shape[1], y.shape[2])), x[0], y[0], beta=beta, alpha=alpha)
+    return jax.lax.fori_loop(
+        1, x.shape[0], lambda k, out: addmm(out, x[k], y[k], alpha=alpha).astype(dtype), first.astype(dtype)
+    )
 
 
 @lowering(aten.addr.default)
 def addr(bias, x, y, *, beta=1, alpha=1):
+    """Element-wise in the input dtype, as torch's CPU kernel:
+    ``beta * self + (alpha * x_i) * y_j`` with the scalars in that dtype."""
+    if jnp.issubdtype(bias.dtype, jnp.floating) and not isinstance(alpha, int):
+        alpha = jnp.asarray(alpha).astype(bias.dtype)
+        x = alpha * x
+        alpha = 1
+    if jnp.issubdtype(bias.dtype, jnp.floating) and not isinstance(beta, int):
+        beta = jnp.asarray(beta).astype(bias.dtype)
     return _scaled_add(bias, jnp.outer(x, y), beta, alpha)
 
 
