@@ -8,8 +8,7 @@ Order of resolution for an op (Note [Resolution order]):
 4. an in-place or ``out=`` form of an op that resolves: run the functional
    op, then write the result into the target (``writes``);
 5. ``_foreach_*``: one call per list element;
-6. torch's decomposition table, then CompositeImplicit decomposition, then
-   a ``torch.library.custom_op``'s Python body;
+6. torch's decomposition table, then CompositeImplicit decomposition;
 7. CPU fallback (counted, warned once per op), or NotImplementedError when
    ``LAZYTPU_CPU_FALLBACK=0``.
 """
@@ -515,7 +514,7 @@ def _functional_of(func):
     return None
 
 
-def _call_functional(func, functional, args, kwargs):
+def _call_functional(func, functional, args, kwargs, extra=None):
     """Call ``functional`` with ``func``'s arguments, plus the defaults of
     ``func`` for arguments the functional form requires (``bernoulli_(p=0.5)``
     has a default that ``bernoulli.p`` lacks)."""
@@ -544,6 +543,8 @@ def _call_functional(func, functional, args, kwargs):
             call_args.append(value)
         else:
             call_kwargs[a.name] = value
+    if extra:
+        call_kwargs = {**call_kwargs, **extra}
     return dispatch(functional, tuple(call_args), call_kwargs)
 
 
@@ -566,10 +567,22 @@ def _run_inplace(func, functional, args, kwargs):
     return self
 
 
+def _out_dtype(func, functional, outs) -> dict | None:
+    """An ``out=`` factory (``linspace.out``, ``arange.start_out``) computes in
+    its output's dtype: the functional form gets it as ``dtype``."""
+    if outs and type(outs[0]) is LazyTensor and _takes_dtype(functional) and not _takes_dtype(func):
+        return {"dtype": outs[0].dtype}
+    return None
+
+
+def _takes_dtype(op) -> bool:
+    return any(a.name == "dtype" for a in op._schema.arguments)
+
+
 def _run_out(func, functional, args, kwargs):
     names = _out_args(func)
     outs = [kwargs[n] for n in names]
-    result = _call_functional(func, functional, args, kwargs)
+    result = _call_functional(func, functional, args, kwargs, _out_dtype(func, functional, outs))
     results = [result] if isinstance(result, torch.Tensor) else list(result)
     for dst, src in zip(outs, results):
         if type(dst) is not LazyTensor:
@@ -782,9 +795,6 @@ def dispatch(func, args, kwargs):
                 return out
         finally:
             _DECOMPOSING.ops.discard(func)
-    body = _custom_op_body(func)
-    if body is not None:
-        return body(*args, **kwargs)
     return cpu_fallback(func, args, kwargs, data_dependent=func in DATA_DEPENDENT)
 
 
@@ -797,16 +807,6 @@ class _Decomposing(threading.local):
 
 
 _DECOMPOSING = _Decomposing()
-
-
-@functools.cache
-def _custom_op_body(func):
-    """A ``torch.library.custom_op``'s Python body (step 6): torch ops on
-    tensors, so it runs on ``tpu`` tensors as user code does."""
-    if func.namespace == "aten":
-        return None
-    opdef = torch._library.custom_ops._maybe_get_opdef(func)
-    return None if opdef is None else opdef._init_fn
 
 
 @functools.cache

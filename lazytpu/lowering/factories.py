@@ -150,9 +150,14 @@ def arange(*bounds, dtype=None, layout=None, device=None, pin_memory=None):
     python_ints = all(isinstance(b, int) for b in (start, end, step))
     target = _dtypes.to_jax(dtype) if dtype is not None else (jnp.int64 if python_ints else _jdtype(None))
     if _is_integral(target):
-        start, end, step = int(start), int(end), int(step)
-        n = max(math.ceil((end - start) / step), 0)
-        return start + step * jnp.arange(n, dtype=jnp.int64)
+        # torch sizes an int64 range in integers (bounds truncated), others in double
+        if jnp.dtype(target) == jnp.int64:
+            istart, iend, istep = int(start), int(end), int(step)
+            span = iend - istart + istep - (istep > 0) + (istep < 0)
+            n = abs(span) // abs(istep) * (1 if (span >= 0) == (istep > 0) else -1)  # C's truncating division
+        else:
+            n = math.ceil((float(end) - float(start)) / float(step))
+        return int(start) + int(step) * jnp.arange(max(n, 0), dtype=jnp.int64)
     # torch's CPU accumulation type of float/half is double.
     n = max(math.ceil((float(end) - float(start)) / float(step)), 0)
     return start + step * jnp.arange(n, dtype=jnp.float64)
@@ -171,10 +176,9 @@ def _two_sided(lo, hi, steps: int, work):
 
 
 def _bounds(start, end, target, work):
-    """``start`` and ``end`` converted to the result type first, as torch does."""
-    if _is_integral(target):
-        start, end = int(start), int(end)
-    return jnp.asarray(start, target).astype(work), jnp.asarray(end, target).astype(work)
+    """``start`` and ``end`` (numbers, or 0-d arrays for the Tensor overloads)
+    converted to the result type first, as torch does (integers truncate)."""
+    return jnp.asarray(start).astype(target).astype(work), jnp.asarray(end).astype(target).astype(work)
 
 
 @lowering(aten.linspace.default)
@@ -184,8 +188,10 @@ def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_mem
     return _two_sided(*_bounds(start, end, target, work), steps, work)
 
 
-@lowering(aten.logspace.default)
+@lowering(aten.logspace)
 def logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    if steps == 1:  # torch fills with base ** start, start unconverted
+        return jnp.power(jnp.float64(base), jnp.asarray(start).astype(jnp.float64)).reshape(1)
     exponents = _two_sided(*_bounds(start, end, _jdtype(dtype), jnp.float64), steps, jnp.float64)
     return jnp.power(jnp.float64(base), exponents)
 
