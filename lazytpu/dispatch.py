@@ -8,7 +8,8 @@ Order of resolution for an op (Note [Resolution order]):
 4. an in-place or ``out=`` form of an op that resolves: run the functional
    op, then write the result into the target (``writes``);
 5. ``_foreach_*``: one call per list element;
-6. torch's decomposition table, then CompositeImplicit decomposition;
+6. torch's decomposition table, then CompositeImplicit decomposition, then
+   a ``torch.library.custom_op``'s Python body;
 7. CPU fallback (counted, warned once per op), or NotImplementedError when
    ``LAZYTPU_CPU_FALLBACK=0``.
 """
@@ -795,6 +796,9 @@ def dispatch(func, args, kwargs):
                 return out
         finally:
             _DECOMPOSING.ops.discard(func)
+    body = _custom_op_body(func)
+    if body is not None:
+        return body(*args, **kwargs)
     return cpu_fallback(func, args, kwargs, data_dependent=func in DATA_DEPENDENT)
 
 
@@ -807,6 +811,16 @@ class _Decomposing(threading.local):
 
 
 _DECOMPOSING = _Decomposing()
+
+
+@functools.cache
+def _custom_op_body(func):
+    """A ``torch.library.custom_op``'s Python body (step 6): torch ops on
+    tensors, so it runs on ``tpu`` tensors as user code does."""
+    if func.namespace == "aten":
+        return None
+    opdef = torch._library.custom_ops._maybe_get_opdef(func)
+    return None if opdef is None else opdef._init_fn
 
 
 @functools.cache
