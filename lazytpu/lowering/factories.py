@@ -188,7 +188,7 @@ def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_mem
     return _two_sided(*_bounds(start, end, target, work), steps, work)
 
 
-@lowering(aten.logspace)
+@lowering(aten.logspace.default)
 def logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None, pin_memory=None):
     if steps == 1:  # torch fills with base ** start, start unconverted
         return jnp.power(jnp.float64(base), jnp.asarray(start).astype(jnp.float64)).reshape(1)
