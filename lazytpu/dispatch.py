@@ -188,10 +188,17 @@ def _input_value(v, index: int):
 
 
 def _device_index(values) -> int:
+    index = None
     for v in values:
         if type(v) is LazyTensor:
-            return v._lt_index
-    return 0
+            if index is None:
+                index = v._lt_index
+            elif v._lt_index != index:
+                raise RuntimeError(
+                    "Expected all tensors to be on the same device, but found at least two devices, "
+                    f"tpu:{index} and tpu:{v._lt_index}!"
+                )
+    return 0 if index is None else index
 
 
 def _kwarg_device_index(kwargs) -> int | None:
