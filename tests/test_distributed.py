@@ -739,6 +739,12 @@ def _section_local_mesh(rank, world):
     z = torch.zeros(2, 3, device="tpu:4")
     z.copy_(y)  # tpu:2 -> tpu:4
     assert_close((z + 1).cpu(), torch.arange(6.0).reshape(2, 3) * 2 + 1)
+    try:  # one op on two devices: torch's error, not a silent result on one of them
+        x + y
+    except RuntimeError as exc:
+        assert "Expected all tensors to be on the same device" in str(exc) and "tpu:2" in str(exc), exc
+    else:
+        raise AssertionError("an op mixing tpu:1 and tpu:2 did not raise")
 
     mesh = LocalMesh(4)
     assert mesh.size() == 4 and mesh.devices[3] == torch.device("tpu", 3)
