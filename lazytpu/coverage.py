@@ -186,12 +186,12 @@ def markdown(report: dict) -> str:
 
 
 def update_xfails(path: pathlib.Path, failures: dict, cases) -> None:
-    """Rewrite the expected failures of the run's cases, keeping known reasons."""
+    """Rewrite the expected failures of the run's cases, each with this run's reason."""
     old = json.loads(path.read_text()) if path.exists() else {}
     run = {c.id for c in cases}
     new = {k: v for k, v in old.items() if k not in run}  # cases this run did not cover stay
     for case_id, failure in failures.items():
-        new[case_id] = old.get(case_id) or _reason(failure)
+        new[case_id] = _reason(failure)
     path.write_text(json.dumps(dict(sorted(new.items())), indent=1) + "\n")
 
 
