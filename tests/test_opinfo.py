@@ -10,7 +10,7 @@ an error, or any CPU fallback.
 Expected failures are data: ``opinfo_xfails.json`` maps a case id to its
 reason, applied as ``xfail(strict=True)``: a case that starts passing fails
 until its line is removed (``python -m lazytpu.coverage --xfails`` rewrites
-the file from a run, keeping the reasons of cases still failing).
+the file from a run, with the reasons of that run).
 """
 
 from __future__ import annotations
