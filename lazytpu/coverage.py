@@ -14,7 +14,7 @@ lazytpu's dispatcher, and classifies each one:
 Prints a Markdown table and writes it, with the pass rates, as Markdown and
 JSON (``docs/coverage.md``, ``docs/coverage.json`` by default). With
 ``--xfails PATH`` it also rewrites the OpInfo test's expected failures from
-the run, keeping the reasons of cases that still fail.
+the run, each with the reason this run saw.
 """
 
 from __future__ import annotations
