@@ -24,7 +24,7 @@ import warnings
 import torch
 from torch._decomp import decomposition_table
 
-from lazytpu import _caches, _config, debug, hostio, metrics
+from lazytpu import _caches, _config, debug, hostio, metas, metrics
 from lazytpu.aliasing import (
     contiguous_strides,
     new_tensor,
@@ -104,6 +104,10 @@ def infer_meta(func, template, values):
     try:
         out = _run_on(func, template, values, "meta")
     except Exception as meta_exc:
+        missing = metas.SHAPES.get(func)  # Note [Missing meta kernels]
+        if missing is not None:
+            out = _META_MEMO[key] = _run_on(missing, template, values, "meta")
+            return out
         try:
             _run_on(func, template, values, "cpu")
         except Exception as cpu_exc:

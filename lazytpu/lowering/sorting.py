@@ -12,11 +12,14 @@ not of ties.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
 
+from lazytpu.lowering.factories import _two_sided
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
@@ -180,10 +183,20 @@ def _bin_counts(x, index, inside, bins: int, weight=None):
     return jnp.zeros((bins,), x.dtype).at[jnp.where(inside, index, 0)].add(w)
 
 
+def _rounding(dtype):
+    """Round after each op as torch's Half/BFloat16 arithmetic does (XLA may
+    keep a chain of half-precision ops in float32)."""
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
+        return lambda v: v
+    info = jnp.finfo(dtype)
+    return lambda v: lax.reduce_precision(v.astype(jnp.float32), info.nexp, info.nmant)
+
+
 def _linear_bins(x, lo, hi, bins: int):
     """Bin of each ``x`` among ``bins`` equal bins of ``[lo, hi]`` (the last
     one closed), as torch computes it, and whether it falls inside."""
-    index = jnp.floor((x - lo) * bins / (hi - lo)).astype(jnp.int64)
+    r = _rounding(x.dtype)
+    index = jnp.floor(r(r(r(x - lo) * bins) / r(hi - lo))).astype(jnp.int64)
     index = jnp.where(x == hi, bins - 1, index)
     inside = (x >= lo) & (x <= hi) & ~jnp.isnan(x)
     return jnp.clip(index, 0, bins - 1), inside
@@ -206,34 +219,66 @@ def histc(x, bins=100, min=0, max=0):  # noqa: A002 - torch's argument names
 
 
 def _edges(x, bins: int, range_):
+    """torch's bin edges of ``bins`` equal bins over ``range_``, or over the
+    data (``[0, 1]`` when empty); a zero-width range widens by 0.5 each way."""
     if range_ is not None:
-        lo, hi = (jnp.asarray(v, x.dtype) for v in range_)
+        lo, hi = (jnp.asarray(v, jnp.float64) for v in range_)
     elif x.size:
-        lo, hi = jnp.min(x), jnp.max(x)
+        lo, hi = jnp.min(x).astype(jnp.float64), jnp.max(x).astype(jnp.float64)
     else:
-        lo = hi = jnp.zeros((), x.dtype)
+        lo, hi = jnp.float64(0), jnp.float64(1)
     same = lo == hi
     lo, hi = jnp.where(same, lo - 0.5, lo), jnp.where(same, hi + 0.5, hi)
-    return jnp.linspace(lo, hi, bins + 1).astype(x.dtype)
+    return _two_sided(lo.astype(x.dtype), hi.astype(x.dtype), bins + 1, x.dtype)
 
 
-def _histogram(x, edges, weight, density: bool):
-    flat = x.reshape(-1)
-    bins = edges.shape[0] - 1
-    index = jnp.searchsorted(edges, flat, side="right") - 1
-    index = jnp.where(flat == edges[-1], bins - 1, index)
-    inside = (flat >= edges[0]) & (flat <= edges[-1])
-    hist = _bin_counts(flat, index, inside, bins, None if weight is None else weight.reshape(-1))
+def _histogramdd(x, edges, weight, density: bool):
+    """Counts of the rows of ``x`` (``(..., D)``) in the grid of ``edges``
+    (one array per dim; each dim's last bin closed)."""
+    flat = x.reshape(-1, len(edges))
+    bins = tuple(e.shape[0] - 1 for e in edges)
+    index = jnp.zeros(flat.shape[:1], jnp.int64)
+    inside = jnp.ones(flat.shape[:1], bool)
+    for d, e in enumerate(edges):
+        col = flat[:, d]
+        pos = jnp.clip(jnp.searchsorted(e, col, side="right") - 1, 0, bins[d] - 1)
+        inside = inside & (col >= e[0]) & (col <= e[-1])
+        index = index * bins[d] + pos
+    total = math.prod(bins)
+    hist = _bin_counts(flat, index, inside, total, None if weight is None else weight.reshape(-1)).reshape(bins)
     if density:
-        hist = hist / (jnp.sum(hist) * jnp.diff(edges))
-    return hist, edges
+        hist = hist / jnp.sum(hist)
+        for d, e in enumerate(edges):
+            hist = hist / jnp.diff(e).reshape(tuple(-1 if k == d else 1 for k in range(len(edges))))
+    return hist
 
 
 @lowering(aten.histogram.bin_ct)
 def histogram(x, bins=100, *, range=None, weight=None, density=False):  # noqa: A002
-    return _histogram(x, _edges(x, bins, range), weight, density)
+    edges = _edges(x.reshape(-1), bins, range)
+    return _histogramdd(x.reshape(-1, 1), [edges], weight, density), edges
 
 
 @lowering(aten.histogram.bins_tensor)
 def histogram_edges(x, bins, *, weight=None, density=False):
-    return _histogram(x, bins, weight, density)
+    return _histogramdd(x.reshape(-1, 1), [bins], weight, density), bins
+
+
+def _columns(x):
+    return x.reshape(-1, x.shape[-1])
+
+
+@lowering(aten._histogramdd_bin_edges)
+def histogramdd_bin_edges(x, bins, *, range=None, weight=None, density=False):  # noqa: A002
+    cols = _columns(x)
+    return [_edges(cols[:, d], n, None if range is None else range[2 * d : 2 * d + 2]) for d, n in enumerate(bins)]
+
+
+@lowering(aten._histogramdd_from_bin_cts)
+def histogramdd_from_bin_cts(x, bins, *, range=None, weight=None, density=False):  # noqa: A002
+    return _histogramdd(x, histogramdd_bin_edges(x, bins, range=range), weight, density)
+
+
+@lowering(aten._histogramdd_from_bin_tensors)
+def histogramdd_from_bin_tensors(x, bins, *, weight=None, density=False):
+    return _histogramdd(x, list(bins), weight, density)

@@ -1,0 +1,56 @@
+"""Output metas for ops torch has no meta kernel for, where the outputs'
+shapes and dtypes follow from the arguments alone.
+
+Note [Missing meta kernels]: torch registers no meta kernel for a few ops
+whose output shapes do not depend on data (histograms with a given bin
+count or given edges). Without one, the dispatcher could not record them
+(``MetaUnavailable``: CPU fallback). A function here takes the op's
+arguments as meta tensors and returns its outputs as meta tensors; it is
+used only when torch's meta kernel is missing, never instead of one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+aten = torch.ops.aten
+
+SHAPES: dict = {}
+
+
+def _metas(*ops) -> Callable[[Callable], Callable]:
+    def register(fn: Callable) -> Callable:
+        for op in ops:
+            if op in SHAPES:
+                raise ValueError(f"duplicate meta function for {op}")
+            SHAPES[op] = fn
+        return fn
+
+    return register
+
+
+@_metas(aten.histogram.bin_ct)
+def _histogram(x, bins=100, *, range=None, weight=None, density=False):  # noqa: A002 - torch's names
+    return x.new_empty(bins), x.new_empty(bins + 1)
+
+
+@_metas(aten.histogram.bins_tensor)
+def _histogram_edges(x, bins, *, weight=None, density=False):
+    return x.new_empty(bins.shape[0] - 1), bins.new_empty(bins.shape)
+
+
+@_metas(aten._histogramdd_bin_edges.default)
+def _histogramdd_edges(x, bins, *, range=None, weight=None, density=False):  # noqa: A002
+    return [x.new_empty(b + 1) for b in bins]
+
+
+@_metas(aten._histogramdd_from_bin_cts.default)
+def _histogramdd_counts(x, bins, *, range=None, weight=None, density=False):  # noqa: A002
+    return x.new_empty(tuple(bins))
+
+
+@_metas(aten._histogramdd_from_bin_tensors.default)
+def _histogramdd_tensors(x, bins, *, weight=None, density=False):
+    return x.new_empty(tuple(b.shape[0] - 1 for b in bins))
