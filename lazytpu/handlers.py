@@ -199,3 +199,30 @@ def norm_statistics(func, args, kwargs):
     else:
         stats = [s if s.dtype == x.dtype else aten._to_copy.default(s, dtype=x.dtype) for s in out[1:3]]
     return (out[0], *stats, *out[3:])
+
+
+@handles(aten.bincount.default)
+def bincount(func, args, kwargs):
+    """The output's length is data (``max(x) + 1``): one host read of the
+    input's bounds (torch reads them too), then the counting runs on device."""
+    call = dict(zip(("self", "weights", "minlength"), args), **kwargs)
+    x, weights, minlength = call["self"], call.get("weights"), call.get("minlength", 0)
+
+    def zeros_like_on_cpu(t):
+        return None if t is None else torch.zeros(t.shape, dtype=t.dtype)
+
+    try:  # torch's own checks of dtypes, dims, lengths and minlength (zeros pass the data checks)
+        dtype = aten.bincount.default(zeros_like_on_cpu(x), zeros_like_on_cpu(weights), minlength).dtype
+    except (RuntimeError, NotImplementedError) as exc:
+        raise type(exc)(str(exc).replace("_cpu", "_tpu")).with_traceback(None) from None
+    length = minlength
+    if x.numel():
+        lo, hi = hostio.to_cpu(aten.stack.default([aten.min.default(x), aten.max.default(x)]), "data_dependent")
+        if lo < 0:
+            raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+        length = max(int(hi) + 1, minlength)
+    out = aten.zeros.default([length], dtype=dtype, device=x.device)
+    if not x.numel():
+        return out
+    values = aten.ones_like.default(x, dtype=dtype) if weights is None else aten._to_copy.default(weights, dtype=dtype)
+    return aten.index_add.default(out, 0, x, values)
