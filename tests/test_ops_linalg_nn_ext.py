@@ -169,3 +169,22 @@ def test_scaled_products(fn, shapes, dtype):
     with no_fallback():
         run_both(lambda a, b, c: fn(a, b, c, beta=1.7, alpha=2.6), *args)
         run_both(lambda a, b, c: fn(a, b, c, beta=0.2, alpha=0.6), *args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "shape,kernel,out",
+    [((2, 3, 9, 11), 3, (4, 5)), ((3, 9, 11), (2, 3), (5, 4)), ((2, 2, 7, 8, 9), (3, 2, 2), (3, 4, 5))],
+)
+def test_fractional_max_pool_given_samples(shape, kernel, out, dtype, eager_mode):
+    nd = len(out)
+    x = torch.randn(shape, dtype=dtype)
+    samples = torch.rand(shape[0] if len(shape) == nd + 2 else 1, shape[-nd - 1], nd, dtype=dtype)
+    fn = getattr(torch.nn.functional, f"fractional_max_pool{nd}d")
+
+    def pool(t, u):
+        return fn(t, kernel, output_size=out, return_indices=True, _random_samples=u)
+
+    with no_fallback():
+        grad = dtype == torch.float32
+        run_both(pool, x.requires_grad_(grad), samples, mode_name=eager_mode, grad=grad)

@@ -123,8 +123,9 @@ def _scatter_to_plane(grad, x, indices, nd: int):
     """Sum ``grad`` into zeros shaped like ``x`` at the flat spatial ``indices`` (Note [Max pool indices])."""
     plane = math.prod(x.shape[-nd:])
     rows = math.prod(x.shape[:-nd])
-    g = upcast(grad).reshape(rows, -1)
-    out = jnp.zeros((rows, plane), g.dtype).at[jnp.arange(rows)[:, None], indices.reshape(rows, -1)].add(g)
+    per_row = math.prod(grad.shape[x.ndim - nd :])
+    g = upcast(grad).reshape(rows, per_row)
+    out = jnp.zeros((rows, plane), g.dtype).at[jnp.arange(rows)[:, None], indices.reshape(rows, per_row)].add(g)
     return out.reshape(x.shape)
 
 
@@ -246,7 +247,8 @@ def adaptive_avg_pool3d_backward(grad_output, x):
 
 def _adaptive_taps(n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
     """(m, K) input positions of each output's window (``_adaptive_matrix``'s
-    bounds; K the widest window) and which of them are inside the window."""
+    bounds; K the widest window) and which of them are inside the window.
+    Taps past a window's end repeat a position; they are masked out."""
     i = np.arange(m)
     start, end = (i * n) // m, -((-(i + 1) * n) // m)
     width = int((end - start).max())
@@ -254,37 +256,44 @@ def _adaptive_taps(n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
     return np.minimum(taps, n - 1), taps < end[:, None]
 
 
-def _adaptive_max_pool(x, output_size):
-    """Note [Max pool indices], with torch's adaptive kernel's order: the
-    first maximum wins, and a NaN wins over anything, the last NaN over an
-    earlier one."""
-    nd = len(output_size)
-    spatial = x.shape[-nd:]
-    flat, valid = np.zeros((), np.int64), np.ones((), bool)
-    for n, m in zip(spatial, output_size):
-        taps, inside = _adaptive_taps(n, m)
-        # outer "sum" over dims: (m1, K1) x (m2, K2) -> (m1, m2, K1, K2)
-        k = flat.ndim // 2
-        flat = flat.reshape(flat.shape[:k] + (1,) + flat.shape[k:] + (1,)) * n + taps.reshape(
-            (1,) * k + (m,) + (1,) * k + (taps.shape[1],)
-        )
-        valid = valid.reshape(valid.shape[:k] + (1,) + valid.shape[k:] + (1,)) & inside.reshape(
-            (1,) * k + (m,) + (1,) * k + (inside.shape[1],)
-        )
-    flat = flat.reshape(tuple(output_size) + (-1,))
-    valid = valid.reshape(flat.shape)
-    rows = x.shape[:-nd]
-    values = x.reshape(rows + (-1,))[..., flat]  # rows + output + (K,)
-    values = jnp.where(valid, values, jnp.asarray(_lowest(x.dtype), x.dtype))
-    if jnp.issubdtype(x.dtype, jnp.floating):
+def _plane_taps(taps, sizes, xp=np):
+    """Flat plane positions of every window tap: ``taps[d]`` is ``batch +
+    (m_d, k_d)`` positions along dim ``d`` (of size ``sizes[d]``); the result
+    is ``batch + (m_1, .., m_nd, k_1 * .. * k_nd)``."""
+    nd = len(taps)
+    strides = [math.prod(sizes[d + 1 :]) for d in range(nd)]
+    flat = 0
+    for d, t in enumerate(taps):
+        batch, (m, k) = t.shape[:-2], t.shape[-2:]
+        shape = batch + (1,) * d + (m,) + (1,) * (nd - d - 1) + (1,) * d + (k,) + (1,) * (nd - d - 1)
+        flat = flat + xp.reshape(t, shape) * strides[d]
+    return xp.reshape(flat, flat.shape[: flat.ndim - nd] + (math.prod(flat.shape[flat.ndim - nd :]),))
+
+
+def _first_max(values, taps):
+    """Max over the last axis and its tap, in torch's CPU scan order: the
+    first maximum wins, a NaN wins over anything and the last NaN over an
+    earlier one (Note [Max pool indices])."""
+    if jnp.issubdtype(values.dtype, jnp.floating):
         nan = jnp.isnan(values)
         last_nan = values.shape[-1] - 1 - jnp.argmax(nan[..., ::-1], axis=-1)
         pick = jnp.where(jnp.any(nan, axis=-1), last_nan, jnp.argmax(jnp.where(nan, 0, values), axis=-1))
     else:
         pick = jnp.argmax(values, axis=-1)
     out = jnp.take_along_axis(values, pick[..., None], axis=-1)[..., 0]
-    index = jnp.take_along_axis(jnp.broadcast_to(jnp.asarray(flat), values.shape), pick[..., None], axis=-1)
-    return out, index[..., 0]
+    index = jnp.take_along_axis(jnp.broadcast_to(taps, values.shape), pick[..., None], axis=-1)[..., 0]
+    return out, index
+
+
+def _adaptive_max_pool(x, output_size):
+    nd = len(output_size)
+    spatial = x.shape[-nd:]
+    pairs = [_adaptive_taps(n, m) for n, m in zip(spatial, output_size)]
+    flat = _plane_taps([t for t, _ in pairs], spatial)
+    valid = _plane_taps([inside.astype(np.int64) for _, inside in pairs], (1,) * nd) == nd
+    values = x.reshape(x.shape[:-nd] + (-1,))[..., flat]  # batch + output + (K,)
+    values = jnp.where(valid, values, jnp.asarray(_lowest(x.dtype), x.dtype))
+    return _first_max(values, jnp.asarray(flat))
 
 
 @lowering(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
@@ -300,3 +309,57 @@ def adaptive_max_pool2d_backward(grad_output, x, indices):
 @lowering(aten.adaptive_max_pool3d_backward.default)
 def adaptive_max_pool3d_backward(grad_output, x, indices):
     return _scatter_to_plane(grad_output, x, indices, 3)
+
+
+# -- fractional max pooling ------------------------------------------------------
+
+
+def _fractional_starts(sample, n: int, m: int, k: int):
+    """Window starts along a dim (torch's ``generate_intervals``): ``int((i +
+    u) * a) - int(u * a)`` for ``a = (n - k) / (m - 1)``, computed in the
+    sample's dtype, and ``n - k`` for the last window."""
+    dtype = sample.dtype
+    if m == 1:
+        return jnp.full(sample.shape + (1,), n - k, jnp.int64)
+    alpha = jnp.asarray(n - k, dtype) / jnp.asarray(m - 1, dtype)
+    i = jnp.arange(m - 1).astype(dtype)
+    u = sample[..., None]
+    starts = ((i + u) * alpha).astype(jnp.int64) - (u * alpha).astype(jnp.int64)
+    return jnp.concatenate([starts, jnp.full(sample.shape + (1,), n - k, jnp.int64)], axis=-1)
+
+
+def _fractional_max_pool(x, kernel_size, output_size, samples, order):
+    """Max over windows of ``kernel_size`` at pseudo-random starts drawn from
+    ``samples`` (batch, channel, nd), whose last axis lists the dims in
+    ``order`` (torch's kernels: W then H in 2-d; T, H, W in 3-d)."""
+    nd = len(output_size)
+    unbatched = x.ndim == nd + 1
+    if unbatched:
+        x = x[None]
+    spatial = x.shape[-nd:]
+    taps = []
+    for d in range(nd):
+        u = samples[..., order.index(d)]
+        starts = _fractional_starts(u, spatial[d], output_size[d], kernel_size[d])
+        taps.append(starts[..., None] + jnp.arange(kernel_size[d]))
+    flat = _plane_taps(taps, spatial, jnp)  # (N, C) + output + (K,)
+    plane = x.reshape(x.shape[:2] + (math.prod(spatial),))
+    taps = flat.reshape(flat.shape[:2] + (math.prod(flat.shape[2:]),))
+    values = jnp.take_along_axis(plane, taps, axis=-1).reshape(flat.shape)
+    out, index = _first_max(values, flat)
+    return (out[0], index[0]) if unbatched else (out, index)
+
+
+@lowering(aten.fractional_max_pool2d.default)
+def fractional_max_pool2d(x, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(x, _params(kernel_size, 2), _params(output_size, 2), random_samples, (1, 0))
+
+
+@lowering(aten.fractional_max_pool3d.default)
+def fractional_max_pool3d(x, kernel_size, output_size, random_samples):
+    return _fractional_max_pool(x, _params(kernel_size, 3), _params(output_size, 3), random_samples, (0, 1, 2))
+
+
+@lowering(aten.fractional_max_pool2d_backward.default)
+def fractional_max_pool2d_backward(grad_output, x, kernel_size, output_size, indices):
+    return _scatter_to_plane(grad_output, x, indices, 2)
