@@ -1,0 +1,159 @@
+"""Scatters into views, diagonals, rotations, masked/indexed reductions,
+running extrema, histograms, range factories and host-read comparisons
+against CPU torch, with no CPU fallback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_close, run_both, to_cpu, to_tpu
+
+import lazytpu
+
+NAN = float("nan")
+
+
+def _idx(*values):
+    return torch.tensor(values)
+
+
+def _x(*shape):
+    return torch.randn(*shape, requires_grad=True)
+
+
+# (fn, inputs) pairs; float inputs that require grad are also checked backward.
+CASES = {
+    "select_scatter": (lambda x, s: torch.select_scatter(x, s, 1, -1), lambda: (_x(3, 4), _x(3))),
+    "diagonal_scatter": (lambda x, s: torch.diagonal_scatter(x, s, 1, 0, 2), lambda: (_x(3, 2, 4), _x(2, 3))),
+    "as_strided_scatter": (
+        lambda x, s: torch.as_strided_scatter(x, s, (2, 2), (1, 3), 1),
+        lambda: (_x(3, 3), _x(2, 2)),
+    ),
+    "diag_embed": (lambda x: torch.diag_embed(x, offset=-1, dim1=0, dim2=2), lambda: (_x(2, 3),)),
+    "diag": (lambda x: torch.diag(x, 2), lambda: (_x(3),)),
+    "diagflat": (lambda x: torch.diagflat(x, -1), lambda: (_x(2, 2),)),
+    "block_diag_mixed_dtypes": (
+        lambda x, i: torch.block_diag(x, i, torch.tensor(7.0)),
+        lambda: (_x(2, 3), torch.tensor([1, 2])),
+    ),
+    "rot90": (lambda x: [torch.rot90(x, k, (2, 0)) for k in (-1, 0, 2, 3)], lambda: (_x(2, 3, 4),)),
+    "unfold": (lambda x: x.unfold(1, 3, 2) * 2, lambda: (_x(2, 7, 2),)),
+    "masked_scatter": (
+        lambda x, m, s: x.masked_scatter(m, s),
+        lambda: (_x(3, 4), torch.tensor([True, False, True, True]), _x(4, 4)),
+    ),
+    "index_reduce_amax": (
+        lambda x, s, i: x.index_reduce(0, i, s, "amax", include_self=False),
+        lambda: (_x(4, 2), _x(3, 2), _idx(3, 0, 3)),
+    ),
+    "index_reduce_mean": (
+        lambda x, s, i: x.index_reduce(1, i, s, "mean"),
+        lambda: (_x(2, 3), _x(2, 4), _idx(0, 2, 2, 0)),
+    ),
+    "index_reduce_prod_int": (
+        lambda x, s, i: x.index_reduce(0, i, s, "prod", include_self=False),
+        lambda: (torch.arange(1, 7).reshape(3, 2), torch.tensor([[2, 3], [4, 5]]), _idx(1, 1)),
+    ),
+    "cummax_ties_nan": (
+        lambda x: torch.cummax(x * 1, 0),
+        lambda: (torch.tensor([1.0, 3.0, 3.0, 2.0, NAN, 5.0, NAN, 1.0], requires_grad=True),),
+    ),
+    "cummin_int_ties": (lambda x: torch.cummin(x, 1), lambda: (torch.tensor([[3, 1, 1, 2, 0, 0]]),)),
+    "cummax_bool": (lambda x: torch.cummax(x, 0), lambda: (torch.tensor([False, True, False, True]),)),
+    "bool_scatter_add": (
+        lambda x, i: (x.scatter_add(0, i, x.clone()), x.index_put((i[:1],), x[:1], accumulate=True)),
+        lambda: (torch.tensor([True, False, False]), _idx(2, 2, 0)),
+    ),
+    "bool_scatter_reduce": (
+        lambda x, i: [x.scatter_reduce(0, i, x, r, include_self=False) for r in ("amax", "amin", "prod", "sum")],
+        lambda: (torch.tensor([True, False, True]), _idx(1, 1, 0)),
+    ),
+    "histc_half": (lambda x: torch.histc(x, 100, -10, 0), lambda: (torch.linspace(-10, 0, 125).half(),)),
+    "histogram": (
+        lambda x, w: torch.histogram(x, 4, weight=w, density=True),
+        lambda: (torch.tensor([0.0, 1.0, 1.5, 2.0, 2.0, 3.0]), torch.rand(6)),
+    ),
+    "histogram_empty": (lambda x: torch.histogram(x, 3), lambda: (torch.empty(0),)),
+    "histogramdd": (
+        lambda x: torch.histogramdd(x, [2, 3], range=[0.0, 1.0, -1.0, 1.0]),
+        lambda: (torch.rand(20, 2) * 2 - 0.5,),
+    ),
+    "bincount": (
+        lambda x, w: (torch.bincount(x), torch.bincount(x, w, minlength=9)),
+        lambda: (_idx(1, 3, 3, 0), torch.rand(4)),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("mode", ["defer", "strict"])
+def test_matches_cpu_without_fallback(name, mode):
+    fn, make = CASES[name]
+    torch.manual_seed(0)
+    inputs = make()
+    lazytpu.metrics.reset()
+    run_both(fn, *inputs, mode_name=mode, grad=any(t.requires_grad for t in inputs))
+    assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {}
+
+
+FACTORIES = {
+    "linspace_int_truncates": lambda d: torch.linspace(4.3, 1, 50, dtype=torch.int64, device=d),
+    "linspace_int32_up": lambda d: torch.linspace(4.3, 50, 50, dtype=torch.int32, device=d),
+    "logspace_int": lambda d: torch.logspace(4.3, 4, 4, 2.0, dtype=torch.int64, device=d),
+    "logspace_one_step_bf16": lambda d: torch.logspace(4.3, 1, 1, 5.0, dtype=torch.bfloat16, device=d),
+    "logspace_float64": lambda d: torch.logspace(4.3, 4, 4, 3.0, dtype=torch.float64, device=d),
+    "arange_int32_size_in_double": lambda d: torch.arange(3.1, dtype=torch.int32, device=d),
+    "arange_int64_size_in_integers": lambda d: torch.arange(0.1, -7.9, -4.0, dtype=torch.int64, device=d),
+    "tril_indices_int32": lambda d: torch.tril_indices(4, 3, -1, dtype=torch.int32, device=d),
+    "triu_indices": lambda d: torch.triu_indices(3, 5, 2, device=d),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_factories_match_cpu(name):
+    lazytpu.metrics.reset()
+    assert_close(to_cpu(FACTORIES[name]("tpu")), FACTORIES[name]("cpu"))
+    assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {}
+
+
+def test_equal_and_allclose_are_host_reads_not_fallbacks():
+    a = torch.tensor([1.0, NAN, 3.0])
+    b = torch.tensor([1.0, NAN, 3.0 + 1e-6])
+    lazytpu.metrics.reset()
+    for x, y in [(a, a), (a, b), (a[:2], a), (a[::2], a[::2].double())]:
+        assert torch.equal(to_tpu(x), to_tpu(y)) is torch.equal(x, y)
+    for kwargs in [{}, {"equal_nan": True}, {"rtol": 0, "atol": 0, "equal_nan": True}]:
+        assert torch.allclose(to_tpu(a), to_tpu(b), **kwargs) is torch.allclose(a, b, **kwargs)
+    assert torch.allclose(to_tpu(_idx(1, 2)), to_tpu(_idx(1, 3)), atol=1) is True
+    with pytest.raises(RuntimeError, match="Float did not match Double"):
+        torch.allclose(to_tpu(a), to_tpu(a.double()))
+    assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {}
+
+
+def test_resize_keeps_storage_contents():
+    x = torch.arange(12.0)
+    t = to_tpu(x)
+    t.resize_(3, 3)
+    assert_close(t.cpu(), x.clone().resize_(3, 3))
+    t.resize_(2, 8)  # grows: old contents first
+    assert t.shape == (2, 8) and torch.equal(t.cpu().flatten()[:12], x)
+    r = torch.empty(2, 6, device="tpu").resize_as_(torch.empty(3, 4)).copy_(torch.ones(3, 4))
+    assert_close(r.cpu(), torch.ones(3, 4))
+
+
+def test_empty_strided_with_overlapping_strides_reads_back():
+    t = torch.empty_strided((5, 5, 5), (2, 0, 1), device="tpu")
+    assert t.cpu().shape == (5, 5, 5) and t.stride() == (2, 0, 1)
+
+
+def test_bincount_errors_match_cpu():
+    for bad, kind in [
+        (_idx(-1, 2), RuntimeError),
+        (_idx([1]), RuntimeError),
+        (torch.tensor([1.0]), NotImplementedError),
+    ]:
+        with pytest.raises(kind) as cpu_err:
+            torch.bincount(bad)
+        with pytest.raises(kind) as tpu_err:
+            torch.bincount(to_tpu(bad))
+        assert str(tpu_err.value).replace("_tpu", "_cpu") == str(cpu_err.value)
