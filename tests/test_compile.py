@@ -286,6 +286,20 @@ def test_cpu_tensors_stay_on_the_host():
         assert_close(dev_step, step)
 
 
+def _record_total(x, total):
+    total.copy_(x.sum())  # a CPU tensor written from the device
+    return x * 2
+
+
+def test_cpu_input_written_from_the_device():
+    x, total = torch.randn(4), torch.tensor(0.0)
+    fn = torch.compile(_record_total, backend="tpu")
+    out = fn(x.to("tpu"), total)
+    assert total.device.type == "cpu"
+    assert_close(total, x.sum())
+    assert_close(out.cpu(), x * 2)
+
+
 def _double_then_sum(x):
     return (x * 2).sum(0)
 

@@ -326,11 +326,8 @@ class GraphProgram:
                     continue
                 if node.target is aten.copy_.default:
                     dst = node.args[0]
-                    if not (isinstance(dst, torch.fx.Node) and dst.op == "placeholder") or _on_cpu(dst.meta.get("val")):
-                        raise GraphLoweringError(
-                            f"lazytpu.compile: FX node {node.name!r} writes {dst} from the device; "
-                            "only device inputs can be written"
-                        )
+                    if not (isinstance(dst, torch.fx.Node) and dst.op == "placeholder"):
+                        raise GraphLoweringError(f"lazytpu.compile: FX node {node.name!r} writes {dst}, not an input")
                     mutations.append(node)
                 self.steps.append(self._call_step(node))
             elif node.op == "output":
@@ -340,13 +337,15 @@ class GraphProgram:
         # Note [Input mutations]: a graph compiled with its input mutations kept
         # (``copy_`` of a placeholder: the optimizer step's parameters and
         # state) re-binds the input tensors to the node's results, as
-        # lazytpu's ``copy_`` would, without making output tensors for them.
+        # lazytpu's ``copy_`` would, without making output tensors for them
+        # (a CPU input written from the device is copied to, a sync).
         placeholder_position = {n: i for i, n in enumerate(self.placeholders)}
-        self.mutated: list[tuple[int, int]] = []  # (input position, program output)
+        self.mutated: list[tuple[int, int, bool]] = []  # (input position, program output, on the host)
         for node in mutations:
             self.program_outputs.append(node)
             self.output_strides.append(None)
-            self.mutated.append((placeholder_position[node.args[0]], len(self.program_outputs) - 1))
+            on_host = _on_cpu(node.args[0].meta.get("val"))
+            self.mutated.append((placeholder_position[node.args[0]], len(self.program_outputs) - 1, on_host))
         self.made_outputs = len(self.program_outputs) - len(mutations)  # outputs that become new tensors
         used = {a for step in self.steps for a in step.slots} | set(self.program_outputs)
         # The program's inputs: graph inputs and host results that device nodes read.
@@ -524,7 +523,7 @@ class GraphProgram:
         index = next((v._lt_index for v in values if type(v) is LazyTensor), 0)
         ctx = context(index)
         passthrough = [args[o[1]] for o in self.outputs if o[0] == "input"]
-        targets = [args[i] for i, _ in self.mutated]
+        targets = [args[m[0]] for m in self.mutated]
         host = self._run_host(values) if self.host_nodes else {}
         bindings = self._bindings(values) if self.symbolic else {}
         with ctx.graph.lock:
@@ -541,11 +540,19 @@ class GraphProgram:
             if self.random:
                 ctx.graph.rng = Output(node, len(plan.out_avals) - 1)
             made = [new_tensor_of(Output(node, k), plan.descs[k], index) for k in range(self.made_outputs)]
-            for t, (_, k) in zip(targets, self.mutated):
-                write_value(t, Output(node, k))
+            copies = []
+            for t, (_, k, on_host) in zip(targets, self.mutated):
+                if on_host:
+                    copies.append((t, new_tensor_of(Output(node, k), plan.descs[k], index)))
+                else:
+                    write_value(t, Output(node, k))
             ctx.recorded(node)  # strict mode runs it now
+        if copies:
+            with torch.no_grad():
+                for t, value in copies:
+                    t.copy_(value)
         if targets:
-            increment_version(targets)
+            increment_version([t for t, m in zip(targets, self.mutated) if not m[2]])
         return self._wrap(made, passthrough, host, bindings)
 
     def _bindings(self, values) -> dict:
