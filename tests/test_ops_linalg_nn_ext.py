@@ -188,3 +188,30 @@ def test_fractional_max_pool_given_samples(shape, kernel, out, dtype, eager_mode
     with no_fallback():
         grad = dtype == torch.float32
         run_both(pool, x.requires_grad_(grad), samples, mode_name=eager_mode, grad=grad)
+
+
+# -- im2col / col2im (Note [im2col order]) ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "shape,kw",
+    [
+        ((2, 3, 5, 5), dict(kernel_size=2)),
+        ((3, 6, 7), dict(kernel_size=(2, 3), dilation=(2, 1), padding=1, stride=(2, 1))),
+        ((1, 2, 4, 4), dict(kernel_size=3, padding=2, stride=3)),
+    ],
+)
+def test_unfold_fold(shape, kw, eager_mode):
+    x = torch.randn(shape, requires_grad=True)
+    F = torch.nn.functional
+    with no_fallback():
+        cols = run_both(lambda t: F.unfold(t, **kw), x, mode_name=eager_mode, grad=True)
+        c = cols.detach().cpu().requires_grad_()
+        run_both(lambda t: F.fold(t, shape[-2:], **kw), c, mode_name=eager_mode, grad=True)
+
+
+def test_unfold_bool_and_int():
+    x = torch.randint(0, 3, (2, 2, 4, 5))
+    with no_fallback():
+        run_both(lambda t: torch.nn.functional.unfold(t.bool(), (2, 3), padding=1), x)
+        run_both(lambda t: torch.nn.functional.fold(t, (3, 6), 2), x.reshape(2, 4, 10).double())

@@ -11,6 +11,7 @@ from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
     linalg_ext,
     misc,
     nn,
+    nn_ext,
     normalization,
     pointwise_ext,
     pooling,
