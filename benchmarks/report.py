@@ -290,7 +290,7 @@ def chart(data: dict, directory: str) -> str:
     variants = [v for v in VARIANT_LABELS if any(c["variant"] == v for c in cases)]
     training = [w for w in dict.fromkeys(c["workload"] for c in cases) if w != "record"]
     by = {(c["workload"], c["variant"]): c for c in cases}
-    colors = dict(zip(VARIANT_LABELS, ["#1f77b4", "#aec7e8", "#7f7f7f", "#ff7f0e", "#2ca02c"]))
+    colors = dict(zip(VARIANT_LABELS, ["#1f77b4", "#aec7e8", "#7f7f7f", "#ff7f0e", "#9467bd", "#2ca02c"]))
     has_record = any(c["workload"] == "record" for c in cases)
     fig, axes = plt.subplots(
         1,
