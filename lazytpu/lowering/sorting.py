@@ -78,13 +78,80 @@ def _take(values, indices, axis: int, position, keepdim: bool):
     return (v, i) if keepdim else (jnp.squeeze(v, axis), jnp.squeeze(i, axis))
 
 
+def _greater(a, b):
+    """torch's selection order: NaN above every number."""
+    if jnp.issubdtype(a.dtype, jnp.floating):
+        return (jnp.isnan(a) & ~jnp.isnan(b)) | (a > b)
+    return a > b
+
+
+def _quickselect_row(arr, k: int):
+    """torch's ``quick_select_template`` on one row (Note [Selection ties]):
+    ``(arr, indices)`` after the same swaps, so that position ``k`` holds
+    the same value and index as on CPU torch."""
+    n = arr.shape[0]
+    idx = jnp.arange(n, dtype=jnp.int64)
+
+    def swap(state, a, b, when=True):
+        arr, idx = state
+        sa, sb = jnp.where(when, b, a), jnp.where(when, a, b)
+        return arr.at[a].set(arr[sa]).at[b].set(arr[sb]), idx.at[a].set(idx[sa]).at[b].set(idx[sb])
+
+    def partition(state, lo, hi):
+        p = lo + (hi - lo) // 2
+        state = swap(state, p, lo + 1)
+        state = swap(state, lo + 1, hi, _greater(state[0][lo + 1], state[0][hi]))
+        state = swap(state, lo, hi, _greater(state[0][lo], state[0][hi]))
+        state = swap(state, lo + 1, lo, _greater(state[0][lo + 1], state[0][lo]))
+        piv = state[0][lo]
+
+        def scan(c):  # one round: advance i and j, swap unless they crossed
+            arr, idx, i, j, _ = c
+            i = lax.while_loop(lambda i: (i < hi) & _greater(piv, arr[i]), lambda i: i + 1, i + 1)
+            j = lax.while_loop(lambda j: (j > lo) & _greater(arr[j], piv), lambda j: j - 1, j - 1)
+            crossed = j < i
+            arr, idx = swap((arr, idx), i, j, ~crossed)
+            return arr, idx, i, j, crossed
+
+        arr, idx, i, j, _ = lax.while_loop(lambda c: ~c[4], scan, (*state, lo + 1, hi, jnp.asarray(False)))
+        return swap((arr, idx), lo, j), i, j
+
+    def step(c):
+        arr, idx, lo, hi = c
+        pair = hi == lo + 1
+        two = swap((arr, idx), lo, hi, pair & _greater(arr[lo], arr[hi]))
+        (parr, pidx), i, j = partition((arr, idx), lo, jnp.maximum(hi, lo + 2).clip(max=n - 1))
+        arr = jnp.where(pair, two[0], parr)
+        idx = jnp.where(pair, two[1], pidx)
+        new_lo = jnp.where(pair, hi, jnp.where(j <= k, i, lo))
+        new_hi = jnp.where(pair, hi, jnp.where(j >= k, j - 1, hi))
+        return arr, idx, new_lo, new_hi
+
+    zero = jnp.asarray(0, jnp.int64)
+    arr, idx, _, _ = lax.while_loop(lambda c: c[2] < c[3], step, (arr, idx, zero, zero + n - 1))
+    return arr[k], idx[k]
+
+
 @lowering(aten.kthvalue.default)
 def kthvalue(x, k, dim=-1, keepdim=False):
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
     axis = _axis(x, dim)
-    values, indices = sort_along(x, axis)
-    return _take(values, indices, axis, k - 1, keepdim)
+    n = x.shape[axis]
+    if n > _SELECT_LIMIT or n < 3:
+        values, indices = sort_along(x, axis)
+        return _take(values, indices, axis, k - 1, keepdim)
+    rows = jnp.moveaxis(x, axis, -1)
+    v, i = jax.vmap(lambda r: _quickselect_row(r, k - 1))(rows.reshape(-1, n))
+    v, i = v.reshape(rows.shape[:-1]), i.reshape(rows.shape[:-1])
+    return (jnp.expand_dims(v, axis), jnp.expand_dims(i, axis)) if keepdim else (v, i)
+
+
+# Note [Selection ties]: torch's CPU kthvalue runs its own quickselect, so
+# among equal values the index it reports depends on that algorithm's swaps.
+# Rows up to this length replay those swaps exactly (a sequential loop);
+# longer rows take a stable sort, whose tie index may differ from torch's.
+_SELECT_LIMIT = 4096
 
 
 def _median(x, axis: int, keepdim: bool, *, skip_nan: bool):
