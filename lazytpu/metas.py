@@ -11,46 +11,35 @@ used only when torch's meta kernel is missing, never instead of one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 aten = torch.ops.aten
 
-SHAPES: dict = {}
 
-
-def _metas(*ops) -> Callable[[Callable], Callable]:
-    def register(fn: Callable) -> Callable:
-        for op in ops:
-            if op in SHAPES:
-                raise ValueError(f"duplicate meta function for {op}")
-            SHAPES[op] = fn
-        return fn
-
-    return register
-
-
-@_metas(aten.histogram.bin_ct)
 def _histogram(x, bins=100, *, range=None, weight=None, density=False):  # noqa: A002 - torch's names
     return x.new_empty(bins), x.new_empty(bins + 1)
 
 
-@_metas(aten.histogram.bins_tensor)
 def _histogram_edges(x, bins, *, weight=None, density=False):
     return x.new_empty(bins.shape[0] - 1), bins.new_empty(bins.shape)
 
 
-@_metas(aten._histogramdd_bin_edges.default)
 def _histogramdd_edges(x, bins, *, range=None, weight=None, density=False):  # noqa: A002
     return [x.new_empty(b + 1) for b in bins]
 
 
-@_metas(aten._histogramdd_from_bin_cts.default)
 def _histogramdd_counts(x, bins, *, range=None, weight=None, density=False):  # noqa: A002
     return x.new_empty(tuple(bins))
 
 
-@_metas(aten._histogramdd_from_bin_tensors.default)
 def _histogramdd_tensors(x, bins, *, weight=None, density=False):
     return x.new_empty(tuple(b.shape[0] - 1 for b in bins))
+
+
+SHAPES = {
+    aten.histogram.bin_ct: _histogram,
+    aten.histogram.bins_tensor: _histogram_edges,
+    aten._histogramdd_bin_edges.default: _histogramdd_edges,
+    aten._histogramdd_from_bin_cts.default: _histogramdd_counts,
+    aten._histogramdd_from_bin_tensors.default: _histogramdd_tensors,
+}
