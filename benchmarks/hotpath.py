@@ -17,10 +17,14 @@ import timeit
 import torch
 
 import lazytpu
-from lazytpu import aliasing, dispatch
+from lazytpu import aliasing, debug, dispatch, engine
+from lazytpu.fusion import build_program
 from lazytpu.ir import Node, Output
 
 N = 20_000
+# CPU time of this thread: on a shared machine, robust to time spent descheduled
+# (XLA runs programs on its own threads, which this does not count).
+_TIMER = time.thread_time
 
 
 class _Floor(torch.Tensor):
@@ -40,9 +44,9 @@ class _Floor(torch.Tensor):
 def _per_op(fn, ops_per_call: int, repeats: int = 7) -> float:
     samples = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = _TIMER()
         fn()
-        samples.append((time.perf_counter() - start) / ops_per_call * 1e6)
+        samples.append((_TIMER() - start) / ops_per_call * 1e6)
         lazytpu.sync()
     return statistics.median(samples)
 
@@ -59,6 +63,20 @@ def main() -> None:
     loop()
     lazytpu.sync()
     print(f"recorded op, defer loop (cache hit):  {_per_op(loop, 1000):6.2f} us/op")
+
+    def inplace_loop():
+        for _ in range(500):
+            x.mul_(0.5)
+
+    def view_loop():
+        for _ in range(500):
+            x.t()
+
+    for fn in (inplace_loop, view_loop):
+        fn()
+        lazytpu.sync()
+    print(f"in-place op (x.mul_(0.5)):            {_per_op(inplace_loop, 500):6.2f} us/op")
+    print(f"view op (x.t()):                      {_per_op(view_loop, 500):6.2f} us/op")
     fx, fy = _Floor((16, 16), torch.float32), _Floor((16, 16), torch.float32)
 
     def floor_loop():
@@ -78,10 +96,20 @@ def main() -> None:
         "plan lookup": lambda: dispatch._PLANS.get(key),
         "node": lambda: Node(func, plan.template, inputs, plan.out_avals, None, plan.static),
         "output tensor (storage + wrapper)": lambda: aliasing.new_tensor_of(Output(node, 0), plan.descs[0], 0),
+        "source location (user file:line)": lambda: debug.location(1),
         "dispatch() total": lambda: dispatch.dispatch(func, (x, y), {}),
     }
     for name, fn in steps.items():
-        print(f"  {name:<34s} {timeit.timeit(fn, number=N) / N * 1e6:6.2f} us")
+        print(f"  {name:<34s} {timeit.timeit(fn, number=N, timer=_TIMER) / N * 1e6:6.2f} us")
+    lazytpu.sync()
+    # what a sync of an already compiled 1000-op program does before PJRT: key and inputs
+    z = x
+    for _ in range(1000):
+        z = z * y
+    roots = engine.context(0).graph.roots()
+    per_node = timeit.timeit(lambda: build_program(roots), number=20, timer=_TIMER) / 20 / 1000 * 1e6
+    print(f"  {'program key + inputs, per node':<34s} {per_node:6.2f} us")
+    del z
     lazytpu.sync()
 
 

@@ -5,9 +5,9 @@
     lazytpu.debug.pending_graph(loss)           # IR text (or format="dot")
     LAZYTPU_DUMP_DIR=/tmp/dump python train.py  # IR + StableHLO per compile
 
-User source lines (file:line of the code that recorded each op) are captured
-only when ``LAZYTPU_DEBUG`` contains ``recompile`` or ``sources``: a flag test
-per op when off.
+Every recorded op carries the user's source location (file:line of the code
+that recorded it, Note [Source locations]): deferred failures, recompile
+explanations and program dumps name it.
 """
 
 from __future__ import annotations
@@ -21,31 +21,62 @@ import threading
 from pathlib import Path
 
 from lazytpu import _caches, _config, metrics
+from lazytpu.ir.node import source_text
 
 __all__ = ["explain", "pending_graph", "format_program", "clear"]
 
-_SOURCE_MODES = frozenset({"recompile", "sources"})
 _INTERNAL = (os.sep + "torch" + os.sep, os.sep + "lazytpu" + os.sep, os.sep + "jax" + os.sep)
 
+# Note [Source locations]: each recorded node keeps ``(code, lasti)`` of the
+# innermost frame outside torch, jax and lazytpu: two attribute reads per
+# frame walked, and one dict hit per frame to tell internal code from user
+# code (keyed by ``id(code)``: hashing a code object hashes its bytecode and
+# constants). The line number and the text are computed only when shown
+# (``source_text``), on a failure or in a debug view.
+_CODE_IS_INTERNAL: dict[int, bool] = {}
+_PINNED: list = []  # the codes classified above: alive, so that their ids are not reused
 
-def wants_sources() -> bool:
-    return bool(_config.DEBUG.value & _SOURCE_MODES)
+
+def _classify(code) -> bool:
+    name = code.co_filename
+    internal = any(part in name for part in _INTERNAL) or name.startswith("<frozen")
+    _PINNED.append(code)
+    _CODE_IS_INTERNAL[id(code)] = internal
+    return internal
 
 
-def enable_sources() -> None:
-    """Record user source lines from now on (after a deferred failure)."""
-    _config.DEBUG.value = _config.DEBUG.value | {"sources"}
+def _forget_codes() -> None:
+    _CODE_IS_INTERNAL.clear()
+    _PINNED.clear()
+
+
+_caches.register("source_codes", _forget_codes)
+
+
+def location(skip: int = 1):
+    """``(code, lasti)`` of the innermost frame outside torch, jax and
+    lazytpu, starting ``skip`` frames above this one (frames known to be
+    internal need no walk); ``None`` when there is none (an op recorded by
+    autograd's engine, which runs no Python code of the user's)."""
+    try:
+        frame = sys._getframe(skip)
+    except ValueError:  # a shorter stack than the caller expected
+        frame = sys._getframe(1)
+    kinds = _CODE_IS_INTERNAL
+    while frame is not None:
+        code = frame.f_code
+        internal = kinds.get(id(code))
+        if internal is None:
+            internal = _classify(code)
+        if not internal:
+            return (code, frame.f_lasti)
+        frame = frame.f_back
+    return None
 
 
 def source_line() -> str | None:
     """file:line of the innermost frame outside torch, jax and lazytpu."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not any(part in name for part in _INTERNAL) and not name.startswith("<frozen"):
-            return f"{name}:{frame.f_lineno}"
-        frame = frame.f_back
-    return None
+    return source_text(location())
 
 
 # -- formatting ---------------------------------------------------------------

@@ -37,6 +37,7 @@ from lazytpu.aliasing import (
 )
 from lazytpu.engine import RNG_AVAL, context
 from lazytpu.ir import Failed, Node, Output, Scalar
+from lazytpu.ir.node import op_sig
 from lazytpu.ir.template import Slot, Template, fill, flatten
 from lazytpu.lowering import get_rule
 from lazytpu.tensor import LazyTensor, describe, set_dispatcher
@@ -235,7 +236,7 @@ class _Plan:
             out_avals = out_avals + (RNG_AVAL,)
         self.template = template
         self.out_avals = out_avals
-        self.static = (func, template, out_avals)
+        self.static = op_sig(func, template, out_avals)
         self.device_index = device_index
         if isinstance(meta_out, torch.Tensor):
             self.layout, self.container = None, None
@@ -309,8 +310,13 @@ def _signature(func, args, kwargs) -> tuple[tuple, list]:
     return tuple(parts), values
 
 
-def record(func, args, kwargs, rule):
-    """Record ``func`` as one node; return LazyTensors of its pending outputs."""
+def record(func, args, kwargs, rule, into: LazyTensor | None = None):
+    """Record ``func`` as one node; return LazyTensors of its pending outputs.
+
+    With ``into`` (the target of an in-place op, a tensor owning its storage
+    with exactly the layout of ``func``'s single output), the storage of
+    ``into`` is re-bound to the output instead, and ``into`` is returned.
+    """
     key, values = _signature(func, args, kwargs)
     plan = _PLANS.get(key)
     if plan is None:
@@ -320,6 +326,7 @@ def record(func, args, kwargs, rule):
     if index is None:
         index = _device_index(values)
     ctx = context(index)
+    # above this frame: dispatch, LazyTensor.__torch_dispatch__, then the caller (Note [Source locations])
     with ctx.graph.lock:
         inputs = [
             (v._lt_storage.value if v._lt_window is None else read(v))
@@ -329,10 +336,13 @@ def record(func, args, kwargs, rule):
         ]
         if plan.random:
             inputs.append(ctx.rng_value())
-        source = debug.source_line() if debug.wants_sources() else None
-        node = Node(func, plan.template, tuple(inputs), plan.out_avals, source, plan.static)
+        node = Node(func, plan.template, tuple(inputs), plan.out_avals, debug.location(3), plan.static)
         if plan.random:
             ctx.graph.rng = Output(node, len(plan.out_avals) - 1)
+        if into is not None and plan.layout is None and plan.descs[0] is into._lt_desc:
+            into._lt_storage.bind(Output(node, 0))  # an in-place op: no tensor in between
+            ctx.recorded(node)
+            return into
         outs = [new_tensor_of(Output(node, i), d, index) for i, d in enumerate(plan.descs)]
         ctx.recorded(node)
     return plan.pack(outs)
@@ -439,22 +449,42 @@ def _view_kind(func) -> str | None:
 _INPLACE_VIEW_OPS = frozenset({"t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_", "swapdims_", "swapaxes_"})
 
 
+_VIEW_PLANS: dict = {}
+_caches.register("view_plans", _VIEW_PLANS.clear)
+
+
 def run_view(func, args, kwargs):
     """A view op: the outputs share the input's storage (no node is recorded).
 
     Returns None when torch's "view" changes the dtype (``view.dtype``,
-    ``view_as_real``): those are computed as values instead.
+    ``view_as_real``): those are computed as values instead. The output
+    descriptions are planned once per call signature (Note [Plans]).
     """
     src = args[0]
+    key, _ = _signature(func, args, kwargs)
+    plan = _VIEW_PLANS.get(key)
+    if plan is None:
+        plan = _VIEW_PLANS[key] = _make_view_plan(func, args, kwargs, src)
+    if plan is False:
+        return None
+    descs, container = plan
+    storage, index = src._lt_storage, src._lt_index
+    if container is None:
+        return LazyTensor(storage, descs[0], index)
+    return container(LazyTensor(storage, d, index) for d in descs)
+
+
+def _make_view_plan(func, args, kwargs, src):
     template, values = flatten(args, kwargs, _pick)
     meta_out = infer_meta(func, template, values)
     metas = [meta_out] if isinstance(meta_out, torch.Tensor) else list(meta_out)
     if any(m.dtype != src.dtype for m in metas):
-        return None
-    outs = [view_of(src, m.shape, m.stride(), m.storage_offset()) for m in metas]
+        return False
+    numel = src._lt_desc.storage_numel
+    descs = tuple(describe(m.shape, m.stride(), m.storage_offset(), numel, m.dtype) for m in metas)
     if isinstance(meta_out, torch.Tensor):
-        return outs[0]
-    return tuple(outs) if isinstance(meta_out, tuple) else outs
+        return descs, None
+    return descs, tuple if isinstance(meta_out, tuple) else list
 
 
 def run_inplace_view(func, args, kwargs):
@@ -530,34 +560,67 @@ def _call_functional(func, functional, args, kwargs, extra=None):
     """Call ``functional`` with ``func``'s arguments, plus the defaults of
     ``func`` for arguments the functional form requires (``bernoulli_(p=0.5)``
     has a default that ``bernoulli.p`` lacks)."""
+    call_args, call_kwargs = _functional_args(func, functional, args, kwargs)
+    if extra:
+        call_kwargs = {**call_kwargs, **extra}
+    return dispatch(functional, call_args, call_kwargs)
+
+
+_RECIPES: dict = {}
+_caches.register("functional_recipes", _RECIPES.clear)
+
+
+def _functional_args(func, functional, args, kwargs) -> tuple[tuple, dict]:
+    # keyed by id: OpOverload hashes in Python; overloads live as long as torch
+    recipe_key = (id(func), len(args), tuple(kwargs))
+    recipe = _RECIPES.get(recipe_key)
+    if recipe is None:
+        recipe = _RECIPES[recipe_key] = _functional_recipe(func, functional, len(args), tuple(kwargs))
+    positional, named = recipe
+    call_args = tuple(_take(src, args, kwargs) for src in positional)
+    return call_args, {name: _take(src, args, kwargs) for name, src in named}
+
+
+def _take(src, args, kwargs):
+    kind, where = src
+    if kind == "arg":
+        return args[where]
+    if kind == "kwarg":
+        return kwargs[where]
+    return where  # a default value
+
+
+def _functional_recipe(func, functional, n_args: int, kwarg_names: tuple) -> tuple[tuple, tuple]:
+    """Where each argument of ``functional`` comes from, for a call of
+    ``func`` with ``n_args`` positional arguments and these keyword names:
+    ``(positional sources, ((name, source), ...))``; a source is
+    ``("arg", i)``, ``("kwarg", name)`` or ``("default", value)``."""
     given = {}
     defaults = {}
     for i, a in enumerate(func._schema.arguments):
         if a.kwarg_only and a.alias_info is not None:
             continue  # out=
-        if i < len(args) and not a.kwarg_only:
-            given[a.name] = args[i]
-        elif a.name in kwargs:
-            given[a.name] = kwargs[a.name]
+        if i < n_args and not a.kwarg_only:
+            given[a.name] = ("arg", i)
+        elif a.name in kwarg_names:
+            given[a.name] = ("kwarg", a.name)
         elif a.has_default_value():
-            defaults[a.name] = a.default_value
-    call_args, call_kwargs = [], {}
+            defaults[a.name] = ("default", a.default_value)
+    call_args, call_kwargs = [], []
     positional = True  # until an argument is skipped, the rest can stay positional
     for a in functional._schema.arguments:
         if a.name in given:
-            value = given[a.name]
+            src = given[a.name]
         elif a.name in defaults and not a.has_default_value():
-            value = defaults[a.name]
+            src = defaults[a.name]
         else:
             positional = False
             continue
         if positional and not a.kwarg_only:
-            call_args.append(value)
+            call_args.append(src)
         else:
-            call_kwargs[a.name] = value
-    if extra:
-        call_kwargs = {**call_kwargs, **extra}
-    return dispatch(functional, tuple(call_args), call_kwargs)
+            call_kwargs.append((a.name, src))
+    return tuple(call_args), tuple(call_kwargs)
 
 
 def _out_args(func) -> list[str]:
@@ -571,10 +634,31 @@ def _is_inplace(func) -> bool:
     return bool(args) and args[0].alias_info is not None and args[0].alias_info.is_write and not args[0].kwarg_only
 
 
+# In-place ops known to run as their functional form (dispatch's fast path),
+# and the call signatures of them already checked with the meta kernel.
+_INPLACE: dict = {}
+_caches.register("inplace_ops", _INPLACE.clear)
+_INPLACE_CHECKED: set = set()
+_caches.register("inplace_checked", _INPLACE_CHECKED.clear)
+
+
 def _run_inplace(func, functional, args, kwargs):
     self = args[0]
-    _check_with_meta(func, args, kwargs)  # torch's errors (e.g. result type can't be cast)
-    result = _call_functional(func, functional, args, kwargs)
+    key, _ = _signature(func, args, kwargs)
+    if key not in _INPLACE_CHECKED:
+        _check_with_meta(func, args, kwargs)  # torch's errors (e.g. result type can't be cast)
+        _INPLACE_CHECKED.add(key)
+    rule = _RECORDED.get(functional)
+    if rule is not None and type(self) is LazyTensor and self._lt_window is None:
+        call_args, call_kwargs = _functional_args(func, functional, args, kwargs)
+        try:
+            result = record(functional, call_args, call_kwargs, rule, into=self)
+        except MetaUnavailable:
+            result = cpu_fallback(functional, call_args, call_kwargs, data_dependent=functional in DATA_DEPENDENT)
+        if result is self:
+            return self
+    else:
+        result = _call_functional(func, functional, args, kwargs)
     write(self, result)
     return self
 
@@ -764,6 +848,9 @@ def dispatch(func, args, kwargs):
             return record(func, args, kwargs, rule)
         except MetaUnavailable:
             return cpu_fallback(func, args, kwargs, data_dependent=func in DATA_DEPENDENT)
+    functional = _INPLACE.get(func)
+    if functional is not None:  # then in-place ops of recorded ones
+        return _run_inplace(func, functional, args, kwargs)
     handler = _HANDLERS.get(func)
     if handler is not None:
         return handler(func, args, kwargs)
@@ -790,6 +877,8 @@ def dispatch(func, args, kwargs):
     if _is_inplace(func):
         functional = _functional_of(func)
         if functional is not None and _resolves(functional):
+            if not kind and func not in _HANDLERS and not name.startswith("aten::_foreach_"):
+                _INPLACE[func] = functional
             return _run_inplace(func, functional, args, kwargs)
     elif _out_args(func):
         functional = _functional_of(func)

@@ -184,14 +184,15 @@ class DeviceContext:
 
 def _program_error(exc: Exception, program) -> Exception:
     """The error a user sees for a failed program (Note [Deferred failures]):
-    which op (and where it was recorded, when sources are on), or
-    ``torch.OutOfMemoryError`` with the sizes involved."""
+    which op and the user's file:line that recorded it (a lowering failure),
+    else where the program's ops were recorded; ``torch.OutOfMemoryError``
+    with the sizes involved."""
     from lazytpu.lowering import LoweringError
 
     if isinstance(exc, LoweringError):
-        message = str(exc)
+        message = str(exc)  # names the op and its source (lowering/program.py)
     else:
-        message = f"{type(exc).__name__}: {exc}"
+        message = f"{type(exc).__name__}: {exc}{_recorded_at(program)}"
     if "RESOURCE_EXHAUSTED" in message or "out of memory" in message.lower():
         inputs = sum(k.nbytes for k in program.input_kinds if isinstance(k, Aval))
         outputs = sum(a.nbytes for a in program.output_avals)
@@ -199,10 +200,17 @@ def _program_error(exc: Exception, program) -> Exception:
             f"lazytpu: out of device memory running a program of {len(program.ops)} ops "
             f"(inputs {inputs / 2**20:.1f} MiB, outputs {outputs / 2**20:.1f} MiB): {message}"
         )
-    if not debug.wants_sources():
-        debug.enable_sources()  # so that the next failure can name the line
-        message += " (source lines are now being recorded: the next failure will name the file:line)"
     return RuntimeError(f"lazytpu: a deferred program failed: {message}")
+
+
+def _recorded_at(program, shown: int = 3) -> str:
+    """Where a failed program's ops were recorded, e.g. `` (ops recorded at
+    train.py:12, train.py:14 and 3 more places)``."""
+    places = list(dict.fromkeys(op.source for op in program.ops if op.source))
+    if not places:
+        return ""
+    more = f" and {len(places) - shown} more places" if len(places) > shown else ""
+    return f" (ops recorded at {', '.join(places[:shown])}{more})"
 
 
 class _ModeState:

@@ -53,13 +53,16 @@ def test_recompile_log_on_stderr():
     assert "input shape changed" in out.stderr and "float32[3] -> float32[5]" in out.stderr
 
 
-def test_no_source_lines_when_debugging_is_off():
-    with _config.DEBUG.override(frozenset()):
+def test_every_op_records_the_users_line():
+    from lazytpu.ir.node import source_text
+
+    model = torch.nn.Linear(2, 2).to("tpu")
+    with _config.DEBUG.override(frozenset()):  # no debug mode needed
+        line = sys._getframe().f_lineno + 1
         x = torch.ones(2).to("tpu") + 1
-    assert x._lt_storage.value.node.source is None
-    with _config.DEBUG.override(frozenset({"sources"})):
-        y = torch.ones(2).to("tpu") + 1
-    assert y._lt_storage.value.node.source.startswith(f"{__file__}:")
+        y = model(x)  # recorded inside torch.nn: the line is still the user's
+    assert source_text(x._lt_storage.value.node.source) == f"{__file__}:{line}"
+    assert source_text(y._lt_storage.value.node.source) == f"{__file__}:{line + 1}"
 
 
 def test_pending_graph_text_and_dot():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -27,20 +28,46 @@ def failing_exp(monkeypatch):
 
 
 def test_deferred_failure_names_the_op_and_keeps_the_runtime_working(failing_exp):
-    with _config.DEBUG.override(frozenset()):
+    with _config.DEBUG.override(frozenset()):  # no debug mode: the first failure names the line
         good = torch.arange(5.0).to("tpu") * 2
         lazytpu.sync()
+        line = sys._getframe().f_lineno + 1
         bad = torch.ones(11).to("tpu").exp()  # a shape no other test compiles
-        with pytest.raises(RuntimeError, match=r"aten\.exp\.default.*injected lowering failure"):
+        with pytest.raises(RuntimeError, match=rf"aten\.exp\.default.*{re.escape(__file__)}:{line}\b.*injected"):
             bad.cpu()
         with pytest.raises(RuntimeError, match="injected lowering failure"):
             (bad + 1).cpu()  # the failed value stays failed, with its reason
         assert good.cpu().tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]  # untouched
         assert ((good + 1) * 3).cpu().tolist() == [3.0, 9.0, 15.0, 21.0, 27.0]  # runtime still works
-        # after a failure, source lines are recorded: the next failure names the line
-        again = torch.ones(13).to("tpu").exp()
-        with pytest.raises(RuntimeError, match=rf"{__file__}:\d+"):
-            again.cpu()
+
+
+def _scaled_exp(x):
+    return (x * 2).exp()  # the op recorded inside a user function, called through a module
+
+
+def test_deferred_failure_names_the_innermost_user_line(failing_exp):
+    module = torch.nn.Sequential(torch.nn.Identity())
+    x = module(torch.ones(7, 3).to("tpu"))
+    bad = _scaled_exp(x)
+    line = _scaled_exp.__code__.co_firstlineno + 1
+    with pytest.raises(RuntimeError, match=rf"{re.escape(__file__)}:{line}\b"):
+        bad.sum().item()
+
+
+def test_runtime_failure_names_where_the_ops_were_recorded(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("INTERNAL: injected runtime failure")
+
+    x = torch.ones(5).to("tpu")
+    lazytpu.sync()
+    line = sys._getframe().f_lineno + 1
+    y = x * 3
+    monkeypatch.setattr(lazytpu.engine.runtime, "execute", broken)  # XLA fails to compile or run it
+    where = rf"\(ops recorded at {re.escape(__file__)}:{line}\)"
+    with pytest.raises(RuntimeError, match=rf"injected runtime failure {where}"):
+        y.cpu()
+    monkeypatch.undo()
+    assert (x + 1).cpu().tolist() == [2.0] * 5
 
 
 def test_out_of_memory_becomes_torch_oom(monkeypatch):

@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from lazytpu.ir.node import Aval, Data, Failed, Node, Output, Scalar
+from lazytpu.ir.node import Aval, Data, Failed, Node, Output, Scalar, source_text
 
 # A reference inside a program: ("in", i) is the i-th input, (j, k) is the
 # k-th output of the j-th op.
@@ -22,14 +22,29 @@ class ProgramOp:
     source: str | None
 
 
-@attrs.frozen(slots=True)
 class Program:
-    """A pure computation: inputs by position, ops in order, outputs by ref."""
+    """A pure computation: inputs by position, ops in order, outputs by ref.
 
-    key: tuple
-    ops: tuple[ProgramOp, ...]
-    input_kinds: tuple  # Aval for buffers, float/complex for lifted scalars
-    outputs: tuple[Ref, ...]
+    ``ops`` is built on first use (a compile, an error, a debug view): a sync
+    whose program is already compiled needs only the key and the inputs.
+    """
+
+    __slots__ = ("key", "input_kinds", "outputs", "_nodes", "_refs", "_ops")
+
+    def __init__(self, key: tuple, nodes: list, refs: list, input_kinds: tuple, outputs: tuple) -> None:
+        self.key = key
+        self.input_kinds = input_kinds  # Aval for buffers, float/complex for lifted scalars
+        self.outputs = outputs
+        self._nodes, self._refs, self._ops = nodes, refs, None
+
+    @property
+    def ops(self) -> tuple[ProgramOp, ...]:
+        if self._ops is None:
+            self._ops = tuple(
+                ProgramOp(n.op, n.spec, r, n.out_avals, source_text(n.source)) for n, r in zip(self._nodes, self._refs)
+            )
+            self._nodes = self._refs = None  # the nodes hold input buffers: do not keep them
+        return self._ops
 
     @property
     def output_avals(self) -> tuple[Aval, ...]:
@@ -68,7 +83,7 @@ def build_program(roots: list[Output]) -> tuple[Program, list, list[Output]]:
     inputs: list = []
     kinds: list = []
     buffer_slot: dict[int, int] = {}
-    ops = []
+    all_refs = []
     key_parts = []
     for node in nodes:
         refs = []
@@ -94,9 +109,9 @@ def build_program(roots: list[Output]) -> tuple[Program, list, list[Output]]:
             else:
                 raise TypeError(f"bad IR input {v!r}")
         refs = tuple(refs)
-        ops.append(ProgramOp(node.op, node.spec, refs, node.out_avals, node.source))
+        all_refs.append(refs)
         key_parts.append((node.sig, refs))
     distinct = list(dict.fromkeys(roots))
     outputs = tuple((position[id(r.node)], r.index) for r in distinct)
     key = (tuple(key_parts), tuple(kinds), outputs)
-    return Program(key, tuple(ops), tuple(kinds), outputs), inputs, distinct
+    return Program(key, nodes, all_refs, tuple(kinds), outputs), inputs, distinct

@@ -74,20 +74,63 @@ class Node:
     """One recorded op. Equality is identity.
 
     ``static`` is the op's structure without its inputs (op, template, output
-    avals): one tuple shared by every node recorded from the same call
-    signature, so program keys compare it by identity first.
+    avals): one interned ``OpSig`` shared by every node recorded from the
+    same call signature (Note [Interned signatures]).
     """
 
     op: Any
     spec: Any  # lowering-stage call template (hashable)
     inputs: tuple[Any, ...]  # Output | Data | Scalar
     out_avals: tuple[Aval, ...]
-    source: str | None = None  # user file:line, when debugging asks for it
-    static: tuple | None = None
+    source: Any = None  # where the user recorded it: (code, lasti), see source_text
+    static: Any = None
 
     @property
-    def sig(self) -> tuple:
-        return self.static if self.static is not None else (self.op, self.spec, self.out_avals)
+    def sig(self):
+        return self.static if self.static is not None else op_sig(self.op, self.spec, self.out_avals)
+
+
+class OpSig:
+    """A node's interned static structure (op, template, output avals).
+
+    Note [Interned signatures]: equal structures are one object
+    (``op_sig``), hashed and compared by identity. A program key is a tuple
+    of these plus small int tuples, so hashing and comparing it at every sync
+    costs a few C-level operations per op, where the structure itself would
+    call Python-level ``__hash__``/``__eq__`` of ops, templates and avals.
+    """
+
+    __slots__ = ("static",)
+
+    def __init__(self, static: tuple) -> None:
+        self.static = static
+
+    def __repr__(self) -> str:
+        return f"OpSig{self.static!r}"
+
+
+_SIGS: dict[tuple, OpSig] = {}
+
+
+def op_sig(op, spec, out_avals) -> OpSig:
+    """The interned ``OpSig`` of this structure (Note [Interned signatures])."""
+    static = (op, spec, out_avals)
+    sig = _SIGS.get(static)
+    if sig is None:
+        sig = _SIGS.setdefault(static, OpSig(static))
+    return sig
+
+
+def source_text(where) -> str | None:
+    """``file:line`` of a node's ``source`` (Note [Source locations] in
+    ``lazytpu.debug``): a ``(code, lasti)`` pair, a ready string, or None."""
+    if where is None or type(where) is str:
+        return where
+    code, lasti = where
+    for start, end, line in code.co_lines():
+        if start <= lasti < end and line is not None:
+            return f"{code.co_filename}:{line}"
+    return f"{code.co_filename}:{code.co_firstlineno}"
 
 
 @attrs.frozen(slots=True)
