@@ -36,7 +36,15 @@ def _histogramdd_tensors(x, bins, *, weight=None, density=False):
     return x.new_empty(tuple(b.shape[0] - 1 for b in bins))
 
 
+def _like_input(grad_output, x, *args, **kwargs):
+    """A backward op's gradient for ``x``: shaped like it (its CPU kernel
+    checks the data, e.g. that targets are in range)."""
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
 SHAPES = {
+    aten.multi_margin_loss_backward.default: _like_input,
+    aten.multilabel_margin_loss_backward.default: _like_input,
     aten.histogram.bin_ct: _histogram,
     aten.histogram.bins_tensor: _histogram_edges,
     aten._histogramdd_bin_edges.default: _histogramdd_edges,

@@ -215,3 +215,21 @@ def test_unfold_bool_and_int():
     with no_fallback():
         run_both(lambda t: torch.nn.functional.unfold(t.bool(), (2, 3), padding=1), x)
         run_both(lambda t: torch.nn.functional.fold(t, (3, 6), 2), x.reshape(2, 4, 10).double())
+
+
+# -- margin losses' backward ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_margin_losses_backward(reduction, eager_mode):
+    F = torch.nn.functional
+    x = torch.randn(4, 5, requires_grad=True)
+    target = torch.tensor([1, 0, 4, 2])
+    labels = torch.tensor([[1, 3, -1, 0, 0], [0, -1, 2, 2, 2], [4, 3, 2, 1, 0], [-1, 0, 0, 0, 0]])
+    weight = torch.rand(5)
+    with no_fallback():
+        run_both(
+            lambda t, y, w: F.multi_margin_loss(t, y, p=2, weight=w, reduction=reduction), x, target, weight, grad=True
+        )
+        run_both(lambda t, y: F.multi_margin_loss(t[0], y[:1], margin=0.5, reduction=reduction), x, target, grad=True)
+        run_both(lambda t, y: F.multilabel_margin_loss(t, y, reduction=reduction), x, labels, grad=True)

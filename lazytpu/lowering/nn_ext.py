@@ -8,6 +8,7 @@ adjoint: every column entry is added back where ``im2col`` read it.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import torch
 
@@ -58,3 +59,68 @@ def col2im(cols, output_size, kernel_size, dilation, padding, stride):
     for t, (r, c) in enumerate(taps):
         out = out.at[..., r, c].add(blocks[..., t, :, :])
     return out[..., padding[0] : out.shape[-2] - padding[0], padding[1] : out.shape[-1] - padding[1]]
+
+
+# -- margin losses' backward (VJPs of the forward) ---------------------------------
+
+
+def _positive(z):
+    """``max(z, 0)`` with torch's gradient: 0 at ``z == 0``."""
+    return jnp.where(z > 0, z, 0)
+
+
+def _reduce(loss, reduction: int, shape):
+    """torch's Reduction enum: 0 none (per-sample losses, shaped ``shape``), 1 mean, 2 sum."""
+    if reduction == 1:
+        return jnp.mean(loss)
+    return jnp.sum(loss) if reduction == 2 else loss.reshape(shape)
+
+
+def _rows(x):
+    """``x`` as (samples, classes); a 0-d input is one sample of one class."""
+    return x.reshape((-1, x.shape[-1] if x.ndim else 1))
+
+
+def _multi_margin(x, target, p, margin, weight, reduction, shape):
+    x2 = _rows(x)
+    t = target.reshape((-1,))
+    picked = jnp.take_along_axis(x2, t[:, None], axis=1)
+    z = _positive(margin - picked + x2)
+    z = z * z if p == 2 else z
+    if weight is not None:
+        z = z * weight[t][:, None]
+    z = jnp.where(jnp.arange(x2.shape[1]) == t[:, None], 0, z)
+    loss = jnp.sum(z, axis=1) / x2.shape[1]
+    return _reduce(loss, reduction, shape)
+
+
+@lowering(aten.multi_margin_loss_backward.default)
+def multi_margin_loss_backward(grad_output, x, target, p, margin, weight=None, reduction=1):
+    _, vjp = jax.vjp(lambda a: _multi_margin(a, target, p, margin, weight, reduction, grad_output.shape), x)
+    return vjp(grad_output.astype(x.dtype))[0]
+
+
+def _multilabel_margin(x, target, reduction, shape):
+    x2 = _rows(x)
+    t = target.reshape(x2.shape)
+    valid = jnp.cumprod(t != -1, axis=1).astype(bool)  # targets end at the first -1
+    hits = jnp.zeros(x2.shape, bool).at[jnp.arange(x2.shape[0])[:, None], jnp.where(valid, t, 0)].max(valid)
+    picked = jnp.take_along_axis(x2, jnp.where(valid, t, 0), axis=1)  # (N, C): x[target_j]
+    z = _positive(1 - picked[:, :, None] + x2[:, None, :])  # [n, j, k]
+    z = jnp.where(valid[:, :, None] & ~hits[:, None, :], z, 0)
+    loss = jnp.sum(z, axis=(1, 2)) / x2.shape[1]
+    return _reduce(loss, reduction, shape), hits.reshape(x.shape)
+
+
+@lowering(aten.multilabel_margin_loss_forward.default)
+def multilabel_margin_loss_forward(x, target, reduction):
+    """torch's CPU kernel: a sample's targets end at its first -1 (torch's
+    decomposition reads past it)."""
+    loss, hits = _multilabel_margin(x, target, reduction, x.shape[:-1] if x.ndim > 1 else ())
+    return loss, hits.astype(x.dtype)
+
+
+@lowering(aten.multilabel_margin_loss_backward.default)
+def multilabel_margin_loss_backward(grad_output, x, target, reduction, is_target):
+    _, vjp = jax.vjp(lambda a: _multilabel_margin(a, target, reduction, grad_output.shape)[0], x)
+    return vjp(grad_output.astype(x.dtype))[0]
