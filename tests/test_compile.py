@@ -321,6 +321,18 @@ def test_new_shape_recompiles_once_and_is_explained(capsys):
     assert_close(fn(b).cpu(), _double_then_sum(b.cpu()))
 
 
+def test_dump_dir_gets_the_graph_code(tmp_path):
+    fn = torch.compile(_double_then_sum, backend="tpu", dynamic=False)
+    with _config.DUMP_DIR.override(str(tmp_path)):
+        for n in (3, 3, 5):
+            fn(torch.randn(n, 4).to("tpu")).cpu()
+    graphs = sorted(tmp_path.glob("*.fx.py"))
+    assert len(graphs) == 2  # one per input signature
+    assert all("torch.ops.aten.mul.Tensor" in p.read_text() for p in graphs)
+    programs = [p.read_text() for p in tmp_path.glob("*.ir.txt")]
+    assert len(programs) == 2 and all("compiled_graph" in text for text in programs)
+
+
 def test_dynamic_graph_specializes_per_shape():
     fn = torch.compile(_double_then_sum, backend="tpu")  # dynamic=None: a dynamic graph on the second shape
     for n in (3, 5, 7, 7):

@@ -12,9 +12,11 @@ and the difference is explained: counted in ``metrics`` under
 
 from __future__ import annotations
 
+import hashlib
 import threading
+from pathlib import Path
 
-from lazytpu import _caches, debug
+from lazytpu import _caches, _config, debug
 
 __all__ = ["explain", "clear"]
 
@@ -76,9 +78,21 @@ def _differences(old_program, old_parts, program, parts) -> list[tuple[str, str]
     return out
 
 
-def observe_compile(program, parts: tuple, lowered) -> None:
-    """Called for each program compiled for an FX graph (a cache miss)."""
-    debug.dump_program(lowered, {"fx.py": program.code})
+def _dump_graph(program, parts: tuple) -> None:
+    """With ``LAZYTPU_DUMP_DIR`` set, write the graph's code as ``<hash>.fx.py``
+    (named by code and signature; the programs holding it are dumped by the
+    engine, Note [Graphs as nodes])."""
+    dump_dir = _config.DUMP_DIR.get()
+    if dump_dir:
+        root = Path(dump_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        name = hashlib.sha256((program.code + repr(parts)).encode()).hexdigest()[:16]
+        (root / f"{name}.fx.py").write_text(program.code)
+
+
+def observe_compile(program, parts: tuple) -> None:
+    """Called once per new input signature of an FX graph (what makes a new program)."""
+    _dump_graph(program, parts)
     with _HISTORY.lock:
         _HISTORY.count += 1
         number = _HISTORY.count

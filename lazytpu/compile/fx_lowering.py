@@ -512,7 +512,7 @@ class GraphProgram:
         if self.random:
             out_avals += (RNG_AVAL,)
         template = Template(tuple(Slot(i) for i in range(n_inputs)), (("graph", call),))
-        observe_compile(self, parts, None)
+        observe_compile(self, parts)
         static = (op, template, out_avals)
         return _CallPlan(op, template, out_avals, _STATICS.setdefault(static, _Static(static)), tuple(descs))
 
