@@ -54,6 +54,7 @@ from lazytpu.aliasing import contiguous_strides, new_tensor_of, write_value
 from lazytpu.compile.explain import observe_compile
 from lazytpu.engine import RNG_AVAL, context
 from lazytpu.ir import Aval, Node, Output, Scalar
+from lazytpu.ir.node import op_sig
 from lazytpu.ir.template import Slot, Template, fill, flatten
 from lazytpu.lowering import apply_op, get_rule, lowering
 from lazytpu.lowering.views import VIEW_READ
@@ -513,8 +514,7 @@ class GraphProgram:
             out_avals += (RNG_AVAL,)
         template = Template(tuple(Slot(i) for i in range(n_inputs)), (("graph", call),))
         observe_compile(self, parts)
-        static = (op, template, out_avals)
-        return _CallPlan(op, template, out_avals, _STATICS.setdefault(static, _Static(static)), tuple(descs))
+        return _CallPlan(op, template, out_avals, op_sig(op, template, out_avals), tuple(descs))
 
     @torch.compiler.disable  # Note [Dynamo hooks], 3: nothing below is user code
     def __call__(self, args: list):
@@ -586,25 +586,6 @@ class GraphProgram:
                 value = out[1]
                 result.append(_concrete(value, bindings) if isinstance(value, torch.SymInt) else value)
         return result
-
-
-class _Static:
-    """A compiled-graph node's interned structure (op, template, output
-    avals): equal structures are one object, hashed and compared by
-    identity, so a program key holding it hashes in constant time however
-    many inputs the graph has."""
-
-    __slots__ = ("static",)
-
-    def __init__(self, static: tuple) -> None:
-        self.static = static
-
-    def __repr__(self) -> str:
-        return f"_Static{self.static!r}"
-
-
-_STATICS: dict[tuple, _Static] = {}
-_caches.register("compiled_graph_statics", _STATICS.clear)
 
 
 class _CallPlan:
