@@ -233,3 +233,16 @@ def test_margin_losses_backward(reduction, eager_mode):
         )
         run_both(lambda t, y: F.multi_margin_loss(t[0], y[:1], margin=0.5, reduction=reduction), x, target, grad=True)
         run_both(lambda t, y: F.multilabel_margin_loss(t, y, reduction=reduction), x, labels, grad=True)
+
+
+# -- cdist ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 0.5, 3.0, float("inf")])
+@pytest.mark.parametrize("rows,mode", [(4, "use_mm_for_euclid_dist_if_necessary"), (30, "use_mm_for_euclid_dist")])
+def test_cdist(p, rows, mode):
+    torch.manual_seed(0)
+    x1, x2 = torch.randn(2, rows, 3, requires_grad=True), torch.randn(2, 5, 3, requires_grad=True)
+    x2.data[0, 0] = x1.data[0, 0]  # a zero distance: zero gradient
+    with no_fallback():
+        run_both(lambda a, b: torch.cdist(a, b, p, compute_mode=mode), x1, x2, grad=p != 0, rtol=1e-4, atol=1e-4)

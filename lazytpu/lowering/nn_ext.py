@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from lazytpu.lowering.linalg_ext import p_norm
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
@@ -124,3 +125,55 @@ def multilabel_margin_loss_forward(x, target, reduction):
 def multilabel_margin_loss_backward(grad_output, x, target, reduction, is_target):
     _, vjp = jax.vjp(lambda a: _multilabel_margin(a, target, reduction, grad_output.shape)[0], x)
     return vjp(grad_output.astype(x.dtype))[0]
+
+
+# -- cdist -------------------------------------------------------------------------
+
+
+def _uses_mm(compute_mode, rows: int, cols: int) -> bool:
+    """torch's choice of the matrix-product form of the Euclidean distance
+    (for ``p == 2``): mode 1 always, mode 0 (the default) past 25 rows or
+    columns, mode 2 never."""
+    return compute_mode == 1 or (compute_mode in (None, 0) and (rows > 25 or cols > 25))
+
+
+def _euclid_mm(x1, x2):
+    n1 = jnp.sum(x1 * x1, axis=-1, keepdims=True)
+    n2 = jnp.sum(x2 * x2, axis=-1, keepdims=True)
+    a = jnp.concatenate([-2 * x1, n1, jnp.ones_like(n1)], axis=-1)
+    b = jnp.concatenate([x2, jnp.ones_like(n2), n2], axis=-1)
+    sq = jnp.matmul(a, jnp.swapaxes(b, -1, -2), precision=jax.lax.Precision.HIGHEST)
+    return jnp.sqrt(jnp.maximum(sq, 0))
+
+
+@lowering(aten._cdist_forward.default)
+def cdist_forward(x1, x2, p, compute_mode=None):
+    def direct(p):
+        return p_norm(jnp.abs(x1[..., :, None, :] - x2[..., None, :, :]), p, (-1,), False)
+
+    if not _uses_mm(compute_mode, x1.shape[-2], x2.shape[-2]):
+        return direct(p)
+    if isinstance(p, (int, float)):
+        return _euclid_mm(x1, x2) if p == 2 else direct(p)
+    return jax.lax.cond(p == 2, lambda p: _euclid_mm(x1, x2), direct, p)
+
+
+@lowering(aten._cdist_backward.default)
+def cdist_backward(grad, x1, x2, p, dist):
+    """The gradient for ``x1`` (torch's formulas: zero where a distance is zero)."""
+    diff = x1[..., :, None, :] - x2[..., None, :, :]
+    g, r = grad[..., None], dist[..., None]
+    safe = jnp.where(r == 0, 1, r)
+    branches = (
+        lambda p: jnp.zeros_like(diff),
+        lambda p: g * jnp.sign(diff),
+        lambda p: jnp.where(r == 0, 0, g * diff / safe),
+        lambda p: g * jnp.sign(diff) * (jnp.abs(diff) == r),
+        lambda p: jnp.where(r == 0, 0, g * jnp.sign(diff) * jnp.abs(diff) ** (p - 1) / safe ** (p - 1)),
+    )
+    if isinstance(p, (int, float)):
+        terms = branches[{0: 0, 1: 1, 2: 2, float("inf"): 3}.get(p, 4)](p)
+    else:
+        index = jnp.select([p == 0, p == 1, p == 2, p == jnp.inf], [0, 1, 2, 3], 4)
+        terms = jax.lax.switch(index, branches, jnp.asarray(p, diff.dtype))
+    return jnp.sum(terms, axis=-2)
