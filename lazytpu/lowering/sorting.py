@@ -63,8 +63,76 @@ def topk(x, k, dim=-1, largest=True, sorted=True):  # noqa: A002 - torch's argum
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
     axis = _axis(x, dim)
-    values, indices = sort_along(x, axis, descending=largest)
-    return lax.slice_in_dim(values, 0, k, axis=axis), lax.slice_in_dim(indices, 0, k, axis=axis)
+    n = x.shape[axis]
+    # Note [Selection ties]: replayed unless torch takes partial_sort or introsorts the first k - 1
+    if k == 0 or n > _SELECT_LIMIT or k * 64 <= n or (sorted and k - 1 > 16):
+        values, indices = sort_along(x, axis, descending=largest)
+        return lax.slice_in_dim(values, 0, k, axis=axis), lax.slice_in_dim(indices, 0, k, axis=axis)
+    rows = jnp.moveaxis(x, axis, -1)
+    v, i = jax.vmap(lambda r: _nth_element_row(r, k, largest, sorted))(rows.reshape(-1, n))
+    shape = rows.shape[:-1] + (k,)
+    return jnp.moveaxis(v.reshape(shape), -1, axis), jnp.moveaxis(i.reshape(shape), -1, axis)
+
+
+def _before(largest: bool):
+    """topk's comparator: whether ``a`` goes before ``b`` (NaN counts as largest)."""
+    if largest:
+        return _greater
+    return lambda a, b: _greater(b, a)
+
+
+def _window_sort(arr, idx, lo, hi, largest: bool):
+    """Positions ``[lo, hi)`` stably sorted in topk's order, the rest kept
+    (libstdc++'s insertion sort, which it uses for short ranges)."""
+    pos = jnp.arange(arr.shape[0])
+    group = jnp.where(pos < lo, 0, jnp.where(pos < hi, 1, 2)).astype(jnp.int8)
+    keys = _descending_keys(arr) if largest else (jnp.where(jnp.isnan(arr), 1, 0).astype(jnp.int8), arr)
+    if not jnp.issubdtype(arr.dtype, jnp.floating) and not largest:
+        keys = (arr,)
+    keys = tuple(jnp.where(group == 1, key, jnp.zeros((), key.dtype)) for key in keys)
+    out = lax.sort((group, *keys, pos, arr, idx), is_stable=True, num_keys=len(keys) + 2)
+    return out[-2], out[-1]
+
+
+def _nth_element_row(arr, k: int, largest: bool, sorted: bool):  # noqa: A002
+    """torch's CPU topk on one row (Note [Selection ties]): libstdc++'s
+    ``nth_element`` (median-of-three introselect, insertion sort below four
+    elements), then the first ``k - 1`` sorted; the same swaps, so that ties
+    come out in the same order."""
+    n = arr.shape[0]
+    before = _before(largest)
+    state = (arr, jnp.arange(n, dtype=jnp.int64))
+
+    def partition(state, first, last):
+        v = state[0]
+        a, b, c = first + 1, first + (last - first) // 2, last - 1
+        ab, bc, ac = before(v[a], v[b]), before(v[b], v[c]), before(v[a], v[c])
+        median = jnp.where(ab, jnp.where(bc, b, jnp.where(ac, c, a)), jnp.where(ac, a, jnp.where(bc, c, b)))
+        arr, idx = _swap(state, first, median)
+        piv = arr[first]
+
+        def scan(c):
+            arr, idx, lo, hi, _ = c
+            lo = lax.while_loop(lambda i: (i < n - 1) & before(arr[i], piv), lambda i: i + 1, lo)
+            hi = lax.while_loop(lambda j: (j > 0) & before(piv, arr[j]), lambda j: j - 1, hi - 1)
+            done = lo >= hi
+            arr, idx = _swap((arr, idx), lo, hi, ~done)
+            return arr, idx, jnp.where(done, lo, lo + 1), hi, done
+
+        arr, idx, cut, _, _ = lax.while_loop(lambda c: ~c[4], scan, (arr, idx, first + 1, last, jnp.asarray(False)))
+        return arr, idx, cut
+
+    def step(c):
+        arr, idx, first, last = c
+        arr, idx, cut = partition((arr, idx), first, last)
+        return arr, idx, jnp.where(cut <= k - 1, cut, first), jnp.where(cut <= k - 1, last, cut)
+
+    zero = jnp.asarray(0, jnp.int64)
+    arr, idx, first, last = lax.while_loop(lambda c: c[3] - c[2] > 3, step, (*state, zero, zero + n))
+    arr, idx = _window_sort(arr, idx, first, last, largest)
+    if sorted:
+        arr, idx = _window_sort(arr, idx, 0, k - 1, largest)
+    return arr[:k], idx[:k]
 
 
 def _take(values, indices, axis: int, position, keepdim: bool):
@@ -85,6 +153,13 @@ def _greater(a, b):
     return a > b
 
 
+def _swap(state, a, b, when=True):
+    """``(values, indices)`` with positions ``a`` and ``b`` exchanged where ``when``."""
+    arr, idx = state
+    sa, sb = jnp.where(when, b, a), jnp.where(when, a, b)
+    return arr.at[a].set(arr[sa]).at[b].set(arr[sb]), idx.at[a].set(idx[sa]).at[b].set(idx[sb])
+
+
 def _quickselect_row(arr, k: int):
     """torch's ``quick_select_template`` on one row (Note [Selection ties]):
     ``(arr, indices)`` after the same swaps, so that position ``k`` holds
@@ -92,10 +167,7 @@ def _quickselect_row(arr, k: int):
     n = arr.shape[0]
     idx = jnp.arange(n, dtype=jnp.int64)
 
-    def swap(state, a, b, when=True):
-        arr, idx = state
-        sa, sb = jnp.where(when, b, a), jnp.where(when, a, b)
-        return arr.at[a].set(arr[sa]).at[b].set(arr[sb]), idx.at[a].set(idx[sa]).at[b].set(idx[sb])
+    swap = _swap
 
     def partition(state, lo, hi):
         p = lo + (hi - lo) // 2
