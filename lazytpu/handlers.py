@@ -236,3 +236,12 @@ def bincount(func, args, kwargs):
         return out
     values = aten.ones_like.default(x, dtype=dtype) if weights is None else aten._to_copy.default(weights, dtype=dtype)
     return aten.index_add.default(out, 0, x, values)
+
+
+@handles(aten.rrelu_with_noise.default)
+def rrelu_with_noise(func, args, kwargs):
+    """``rrelu_with_noise`` writes its ``noise`` argument in training: the
+    functional op, then the write."""
+    out, noise = aten.rrelu_with_noise_functional.default(*args, **kwargs)
+    args[1].copy_(noise)
+    return out

@@ -247,3 +247,27 @@ def test_cdist(p, rows, mode):
         x2.data[0, 0] = x1.data[0, 0]
     with no_fallback():
         run_both(lambda a, b: torch.cdist(a, b, p, compute_mode=mode), x1, x2, grad=p != 0, rtol=1e-4, atol=1e-4)
+
+
+# -- rrelu ---------------------------------------------------------------------------
+
+
+def test_rrelu_eval_matches(eager_mode):
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    with no_fallback():
+        run_both(lambda t: torch.nn.functional.rrelu(t, 0.1, 0.3, training=False), x, mode_name=eager_mode, grad=True)
+
+
+def test_rrelu_training_draws_and_writes_noise():
+    x = torch.randn(200).to("tpu").requires_grad_()
+    noise = torch.zeros(200, device="tpu")
+    with no_fallback():
+        out = torch.ops.aten.rrelu_with_noise(x, noise, 0.1, 0.3, True)
+        out.sum().backward()
+    x, out, noise, grad = x.detach().cpu(), out.detach().cpu(), noise.cpu(), x.grad.cpu()
+    negative = x <= 0
+    assert torch.all(noise[~negative] == 1)
+    assert torch.all((noise[negative] >= 0.1) & (noise[negative] < 0.3))
+    assert len(noise[negative].unique()) > 10  # drawn, not a constant slope
+    torch.testing.assert_close(out, x * noise)
+    torch.testing.assert_close(grad, noise)

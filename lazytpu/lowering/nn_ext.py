@@ -177,3 +177,19 @@ def cdist_backward(grad, x1, x2, p, dist):
         index = jnp.select([p == 0, p == 1, p == 2, p == jnp.inf], [0, 1, 2, 3], 4)
         terms = jax.lax.switch(index, branches, jnp.asarray(p, diff.dtype))
     return jnp.sum(terms, axis=-2)
+
+
+# -- rrelu -----------------------------------------------------------------------
+
+
+@lowering(aten.rrelu_with_noise_functional.default, random=True)
+def rrelu_with_noise_functional(x, noise, lower=0.125, upper=1 / 3, training=False, generator=None, *, key):
+    """Training: a non-positive input is scaled by a uniform draw in ``[lower,
+    upper)``, which ``noise`` records (1 elsewhere); otherwise a leaky ReLU of
+    slope ``(lower + upper) / 2`` and ``noise`` unchanged."""
+    if not training:
+        return jnp.where(x >= 0, x, x * ((lower + upper) / 2)), noise
+    compute = jnp.float32 if x.dtype in (jnp.float16, jnp.bfloat16) else x.dtype
+    draw = lower + (upper - lower) * jax.random.uniform(key, x.shape, compute)
+    scale = jnp.where(x <= 0, draw, 1).astype(x.dtype)
+    return x * scale, scale
