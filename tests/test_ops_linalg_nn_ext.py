@@ -271,3 +271,19 @@ def test_rrelu_training_draws_and_writes_noise():
     assert len(noise[negative].unique()) > 10  # drawn, not a constant slope
     torch.testing.assert_close(out, x * noise)
     torch.testing.assert_close(grad, noise)
+
+
+# -- embedding max_norm (embedding_renorm_) ---------------------------------------------
+
+
+@pytest.mark.parametrize("dtype,norm_type", [(torch.float32, 2.0), (torch.bfloat16, 1.0), (torch.float64, 3.0)])
+def test_embedding_max_norm_renormalizes_in_place(dtype, norm_type, eager_mode):
+    weight = torch.randn(10, 4, dtype=dtype) * 3
+    idx = torch.tensor([[1, 3, 3], [0, 9, 1]])
+
+    def fn(w, i):
+        out = torch.nn.functional.embedding(i, w, max_norm=1.5, norm_type=norm_type)
+        return out, w  # the weight's touched rows are renormalized in place
+
+    with no_fallback():
+        run_both(fn, weight, idx, mode_name=eager_mode)

@@ -193,3 +193,19 @@ def rrelu_with_noise_functional(x, noise, lower=0.125, upper=1 / 3, training=Fal
     draw = lower + (upper - lower) * jax.random.uniform(key, x.shape, compute)
     scale = jnp.where(x <= 0, draw, 1).astype(x.dtype)
     return x * scale, scale
+
+
+# -- embedding renorm ------------------------------------------------------------------
+
+
+@lowering(aten.embedding_renorm.default)
+def embedding_renorm(weight, indices, max_norm, norm_type):
+    """Rows that ``indices`` name and whose ``norm_type``-norm (in the weight's
+    dtype, as torch's CPU kernel) exceeds ``max_norm`` are scaled by
+    ``max_norm / (norm + 1e-7)``; the functional form of ``embedding_renorm_``."""
+    compute = jnp.float32 if weight.dtype in (jnp.float16, jnp.bfloat16) else weight.dtype
+    w = weight.astype(compute)
+    norms = p_norm(jnp.abs(w), norm_type, (1,), False).astype(weight.dtype).astype(compute)
+    touched = jnp.zeros(weight.shape[0], bool).at[indices.reshape(-1)].set(True)
+    scale = jnp.where(touched & (norms > max_norm), max_norm / (norms + 1e-7), 1)
+    return w * scale[:, None].astype(compute)
