@@ -17,6 +17,11 @@ def _idx(*values):
     return torch.tensor(values)
 
 
+def _ties(*shape):
+    """Small integers: many equal values, whose reported indices follow torch's selection algorithms."""
+    return torch.randint(0, 3, shape)
+
+
 def _x(*shape):
     return torch.randn(*shape, requires_grad=True)
 
@@ -77,6 +82,15 @@ CASES = {
     "histogramdd": (
         lambda x: torch.histogramdd(x, [2, 3], range=[0.0, 1.0, -1.0, 1.0]),
         lambda: (torch.rand(20, 2) * 2 - 0.5,),
+    ),
+    "kthvalue_ties": (lambda x: [torch.kthvalue(x, k, 1) for k in (1, 3, 7)], lambda: (_ties(4, 9),)),
+    "topk_ties": (
+        lambda x: [torch.topk(x, k, 1, largest, True) for k in (2, 5) for largest in (True, False)],
+        lambda: (_ties(4, 10),),
+    ),
+    "topk_unsorted_nan_ties": (
+        lambda x: torch.topk(x, 4, 0, True, False),
+        lambda: (torch.tensor([1.0, NAN, 2.0, 2.0, NAN, 1.0, 2.0, 0.0, 2.0]),),
     ),
     "bincount": (
         lambda x, w: (torch.bincount(x), torch.bincount(x, w, minlength=9)),
