@@ -36,7 +36,7 @@ from lazytpu.aliasing import (
     write_value,
 )
 from lazytpu.engine import RNG_AVAL, context
-from lazytpu.ir import Failed, Node, Output, Scalar
+from lazytpu.ir import Failed, Node, Output, Scalar, Storage
 from lazytpu.ir.node import op_sig
 from lazytpu.ir.template import Slot, Template, fill, flatten
 from lazytpu.lowering import get_rule
@@ -343,7 +343,8 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None):
             into._lt_storage.bind(Output(node, 0))  # an in-place op: no tensor in between
             ctx.recorded(node)
             return into
-        outs = [new_tensor_of(Output(node, i), d, index) for i, d in enumerate(plan.descs)]
+        graph = ctx.graph  # new_tensor_of, inlined: this is the per-op path
+        outs = [LazyTensor(Storage(Output(node, i), graph, d.stride), d, index, True) for i, d in enumerate(plan.descs)]
         ctx.recorded(node)
     return plan.pack(outs)
 
