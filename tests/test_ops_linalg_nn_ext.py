@@ -287,3 +287,32 @@ def test_embedding_max_norm_renormalizes_in_place(dtype, norm_type, eager_mode):
 
     with no_fallback():
         run_both(fn, weight, idx, mode_name=eager_mode)
+
+
+# -- embedding bags (Note [Embedding bag outputs]) ----------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("extra", [dict(), dict(padding_idx=2), dict(include_last_offset=True)])
+def test_embedding_bag(mode, extra, eager_mode):
+    weight = torch.randn(10, 3, requires_grad=True)
+    idx, offsets = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 2]), torch.tensor([0, 4, 4, 9])
+    if extra.get("include_last_offset"):
+        offsets = torch.tensor([0, 4, 4, 9])
+
+    def fn(w, i, o):
+        return torch.nn.functional.embedding_bag(i, w, o, mode=mode, **extra)
+
+    with no_fallback():
+        run_both(fn, weight, idx, offsets, mode_name=eager_mode, grad=True)
+
+
+def test_embedding_bag_per_sample_weights():
+    weight, psw = torch.randn(10, 3, requires_grad=True), torch.rand(9, requires_grad=True)
+    idx, offsets = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 2]), torch.tensor([0, 4, 6])
+
+    def fn(w, i, o, p):
+        return torch.nn.functional.embedding_bag(i, w, o, mode="sum", per_sample_weights=p)
+
+    with no_fallback():
+        run_both(fn, weight, idx, offsets, psw, grad=True)

@@ -209,3 +209,143 @@ def embedding_renorm(weight, indices, max_norm, norm_type):
     touched = jnp.zeros(weight.shape[0], bool).at[indices.reshape(-1)].set(True)
     scale = jnp.where(touched & (norms > max_norm), max_norm / (norms + 1e-7), 1)
     return w * scale[:, None].astype(compute)
+
+
+# -- embedding bags ----------------------------------------------------------------------
+#
+# Note [Embedding bag outputs]: besides the bags, torch's op returns
+# ``offset2bag`` (the bag of each index), ``bag_size`` (its indices other than
+# ``padding_idx``) and ``max_indices`` (mode max: the row each maximum came
+# from). Their shapes are the meta kernel's; their values are what the
+# backward rules here read (CPU torch leaves some of them empty or zero).
+
+
+def _bags(indices, offsets, include_last_offset: bool, padding_idx: int):
+    """(bag of each index, whether it counts: inside its bag and not padding, number of bags)."""
+    n = indices.shape[0]
+    count = offsets.shape[0] - (1 if include_last_offset else 0)
+    starts = offsets[:count]
+    last = offsets[count : count + 1] if include_last_offset else jnp.full((1,), n, offsets.dtype)
+    ends = jnp.concatenate([offsets[1:count], last])
+    pos = jnp.arange(n)
+    bag = jnp.clip(jnp.searchsorted(starts, pos, side="right") - 1, 0, max(count - 1, 0))
+    member = (pos >= starts[bag]) & (pos < ends[bag]) if count else jnp.zeros(n, bool)
+    if padding_idx >= 0:
+        member = member & (indices != padding_idx)
+    return bag, member, count
+
+
+def _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx):
+    compute = jnp.float32 if weight.dtype in (jnp.float16, jnp.bfloat16) else weight.dtype
+    bag, member, count = _bags(indices, offsets, include_last_offset, padding_idx)
+    rows = weight[indices].astype(compute)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights[:, None].astype(compute)
+    size = jnp.zeros(count, jnp.int64).at[bag].add(member.astype(jnp.int64))
+    if mode == 2:
+        low = jnp.asarray(-jnp.inf, compute)
+        best = jnp.full((count, weight.shape[1]), low).at[bag].max(jnp.where(member[:, None], rows, low))
+        first = (
+            jnp.full(best.shape, indices.shape[0])
+            .at[bag]
+            .min(
+                jnp.where(
+                    member[:, None] & (rows == best[bag]), jnp.arange(indices.shape[0])[:, None], indices.shape[0]
+                )
+            )
+        )
+        which = indices[jnp.clip(first, 0, max(indices.shape[0] - 1, 0))] if indices.shape[0] else first
+        out = jnp.where(size[:, None] > 0, best, 0)
+        return out, bag, _padded(size, offsets), jnp.where(size[:, None] > 0, which, -1)
+    total = jnp.zeros((count, weight.shape[1]), compute).at[bag].add(jnp.where(member[:, None], rows, 0))
+    if mode == 1:
+        total = total / jnp.maximum(size, 1)[:, None].astype(compute)
+    return total, bag, _padded(size, offsets), jnp.zeros((0,), jnp.int64)
+
+
+def _padded(size, offsets):
+    """``bag_size`` has one entry per offset (the meta kernel's shape)."""
+    return jnp.concatenate([size, jnp.zeros(offsets.shape[0] - size.shape[0], size.dtype)])
+
+
+@lowering(aten._embedding_bag_forward_only.default, aten._embedding_bag.default)
+def embedding_bag(
+    weight,
+    indices,
+    offsets,
+    scale_grad_by_freq=False,
+    mode=0,
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=-1,
+):
+    """Note [Embedding bag outputs]."""
+    return _embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx)
+
+
+@lowering(aten._embedding_bag_backward.default)
+def embedding_bag_backward(
+    grad,
+    indices,
+    offsets,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    sparse,
+    per_sample_weights,
+    padding_idx=-1,
+):
+    return embedding_bag_dense_backward(
+        grad,
+        indices,
+        offset2bag,
+        bag_size,
+        maximum_indices,
+        num_weights,
+        scale_grad_by_freq,
+        mode,
+        per_sample_weights,
+        padding_idx,
+    )
+
+
+@lowering(aten._embedding_bag_dense_backward.default)
+def embedding_bag_dense_backward(
+    grad,
+    indices,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    per_sample_weights,
+    padding_idx=-1,
+):
+    """Note [Embedding bag outputs]."""
+    g = grad.astype(jnp.float32) if grad.dtype in (jnp.float16, jnp.bfloat16) else grad
+    out = jnp.zeros((num_weights, grad.shape[1]), g.dtype)
+    if mode == 2:
+        filled = bag_size[: maximum_indices.shape[0], None] > 0
+        rows = jnp.where(filled, maximum_indices, num_weights)  # empty bags: dropped
+        return out.at[rows, jnp.arange(grad.shape[1])].add(g, mode="drop")
+    contrib = g[offset2bag]
+    if per_sample_weights is not None:
+        contrib = contrib * per_sample_weights[:, None].astype(g.dtype)
+    if mode == 1:
+        contrib = contrib / jnp.maximum(bag_size[offset2bag], 1)[:, None].astype(g.dtype)
+    if scale_grad_by_freq:
+        freq = jnp.zeros(num_weights, g.dtype).at[indices].add(1)
+        contrib = contrib / freq[indices][:, None]
+    keep = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, bool)
+    return out.at[indices].add(jnp.where(keep[:, None], contrib, 0))
+
+
+@lowering(aten._embedding_bag_per_sample_weights_backward.default)
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    out = jnp.sum(grad[offset2bag] * weight[indices], axis=1)
+    return jnp.where(indices != padding_idx, out, 0) if padding_idx >= 0 else out
