@@ -42,7 +42,14 @@ def _like_input(grad_output, x, *args, **kwargs):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
+def _geqrf(a):
+    """The Householder form (LAPACK's, column-major like torch's) and ``tau``."""
+    m, n = a.shape[-2:]
+    return a.new_empty(a.shape).mT.contiguous().mT, a.new_empty(a.shape[:-2] + (min(m, n),))
+
+
 SHAPES = {
+    aten.geqrf.default: _geqrf,
     aten.multi_margin_loss_backward.default: _like_input,
     aten.multilabel_margin_loss_backward.default: _like_input,
     aten.histogram.bin_ct: _histogram,

@@ -316,3 +316,9 @@ def test_embedding_bag_per_sample_weights():
 
     with no_fallback():
         run_both(fn, weight, idx, offsets, psw, grad=True)
+
+
+def test_geqrf(eager_mode):
+    a = torch.randn(2, 5, 3, dtype=torch.float64)
+    with no_fallback():
+        run_both(torch.geqrf, a, mode_name=eager_mode)
