@@ -88,6 +88,7 @@ CASES = {
         lambda x: [torch.topk(x, k, 1, largest, True) for k in (2, 5) for largest in (True, False)],
         lambda: (_ties(4, 10),),
     ),
+    "mode_ties": (lambda x: [torch.mode(x, 1), torch.mode(x[:, :9], 1)], lambda: (_ties(3, 40),)),
     "topk_unsorted_nan_ties": (
         lambda x: torch.topk(x, 4, 0, True, False),
         lambda: (torch.tensor([1.0, NAN, 2.0, 2.0, NAN, 1.0, 2.0, 0.0, 2.0]),),

@@ -94,6 +94,61 @@ def _window_sort(arr, idx, lo, hi, largest: bool):
     return out[-2], out[-1]
 
 
+def _partition(arr, idx, first, last, before):
+    """libstdc++'s ``__unguarded_partition_pivot`` on ``[first, last)``: the
+    median of three moved to ``first``, then Hoare's partition around it.
+    Returns the arrays and the cut. The scans' bounds never bind on a live
+    range (the median of three is a sentinel); they end a finished row's
+    loop under ``vmap``."""
+    n = arr.shape[0]
+    a, b, c = first + 1, first + (last - first) // 2, last - 1
+    ab, bc, ac = before(arr[a], arr[b]), before(arr[b], arr[c]), before(arr[a], arr[c])
+    median = jnp.where(ab, jnp.where(bc, b, jnp.where(ac, c, a)), jnp.where(ac, a, jnp.where(bc, c, b)))
+    arr, idx = _swap((arr, idx), first, median)
+    piv = arr[first]
+
+    def scan(c):
+        arr, idx, lo, hi, _ = c
+        lo = lax.while_loop(lambda i: (i < n - 1) & before(arr[i], piv), lambda i: i + 1, lo)
+        hi = lax.while_loop(lambda j: (j > 0) & before(piv, arr[j]), lambda j: j - 1, hi - 1)
+        done = lo >= hi
+        arr, idx = _swap((arr, idx), lo, hi, ~done)
+        return arr, idx, jnp.where(done, lo, lo + 1), hi, done
+
+    arr, idx, cut, _, _ = lax.while_loop(lambda c: ~c[4], scan, (arr, idx, first + 1, last, jnp.asarray(False)))
+    return arr, idx, cut
+
+
+def _introsort_row(arr):
+    """libstdc++'s ``std::sort`` of ``(value, index)`` pairs by value, as
+    torch's CPU ``mode`` runs it (Note [Selection ties]): the introsort loop
+    partitions ranges longer than 16 (an explicit stack instead of
+    recursion; ranges are disjoint, so the order they are taken in does not
+    matter), then the final insertion sort, which on such a partitioned
+    array is a stable sort. Heapsort after 2 log2(n) levels is not replayed."""
+    n = arr.shape[0]
+    before = lambda a, b: a < b  # noqa: E731 - torch's comparator, NaN-unaware as on CPU
+    depth = 64
+    zero = jnp.asarray(0, jnp.int64)
+    stack = jnp.zeros((depth, 2), jnp.int64).at[0].set(jnp.array([0, n], jnp.int64))
+
+    def step(c):
+        arr, idx, stack, sp = c
+        first, last = stack[sp - 1, 0], stack[sp - 1, 1]
+        sp = sp - 1
+        big = last - first > 16
+        parr, pidx, cut = _partition(arr, idx, first, jnp.where(big, last, first + 17).clip(max=n), before)
+        arr, idx = jnp.where(big, parr, arr), jnp.where(big, pidx, idx)
+        pushed = stack.at[sp].set(jnp.stack([cut, last])).at[sp + 1].set(jnp.stack([first, cut]))
+        stack = jnp.where(big, pushed, stack)
+        return arr, idx, stack, jnp.where(big, (sp + 2).clip(max=depth), sp)
+
+    idx = jnp.arange(n, dtype=jnp.int64)
+    arr, idx, _, _ = lax.while_loop(lambda c: c[3] > 0, step, (arr, idx, stack, zero + 1))
+    out = lax.sort((arr, jnp.arange(n), idx), is_stable=True, num_keys=1)
+    return out[0], out[2]
+
+
 def _nth_element_row(arr, k: int, largest: bool, sorted: bool):  # noqa: A002
     """torch's CPU topk on one row (Note [Selection ties]): libstdc++'s
     ``nth_element`` (median-of-three introselect, insertion sort below four
@@ -103,28 +158,9 @@ def _nth_element_row(arr, k: int, largest: bool, sorted: bool):  # noqa: A002
     before = _before(largest)
     state = (arr, jnp.arange(n, dtype=jnp.int64))
 
-    def partition(state, first, last):
-        v = state[0]
-        a, b, c = first + 1, first + (last - first) // 2, last - 1
-        ab, bc, ac = before(v[a], v[b]), before(v[b], v[c]), before(v[a], v[c])
-        median = jnp.where(ab, jnp.where(bc, b, jnp.where(ac, c, a)), jnp.where(ac, a, jnp.where(bc, c, b)))
-        arr, idx = _swap(state, first, median)
-        piv = arr[first]
-
-        def scan(c):
-            arr, idx, lo, hi, _ = c
-            lo = lax.while_loop(lambda i: (i < n - 1) & before(arr[i], piv), lambda i: i + 1, lo)
-            hi = lax.while_loop(lambda j: (j > 0) & before(piv, arr[j]), lambda j: j - 1, hi - 1)
-            done = lo >= hi
-            arr, idx = _swap((arr, idx), lo, hi, ~done)
-            return arr, idx, jnp.where(done, lo, lo + 1), hi, done
-
-        arr, idx, cut, _, _ = lax.while_loop(lambda c: ~c[4], scan, (arr, idx, first + 1, last, jnp.asarray(False)))
-        return arr, idx, cut
-
     def step(c):
         arr, idx, first, last = c
-        arr, idx, cut = partition((arr, idx), first, last)
+        arr, idx, cut = _partition(arr, idx, first, last, before)
         return arr, idx, jnp.where(cut <= k - 1, cut, first), jnp.where(cut <= k - 1, last, cut)
 
     zero = jnp.asarray(0, jnp.int64)
@@ -266,12 +302,17 @@ def nanmedian_dim(x, dim, keepdim=False):
 
 @lowering(aten.mode.default)
 def mode(x, dim=-1, keepdim=False):
-    """The most frequent value (the smallest on ties) and its last index."""
+    """The most frequent value (the smallest on ties) and the index that ends its run in torch's sort."""
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
     axis = _axis(x, dim)
-    values, indices = sort_along(jnp.moveaxis(x, axis, -1), x.ndim - 1)
-    n = values.shape[-1]
+    rows = jnp.moveaxis(x, axis, -1)
+    n = rows.shape[-1]
+    if 16 < n <= _SELECT_LIMIT:  # Note [Selection ties]: std::sort's order decides which index of a run is last
+        values, indices = jax.vmap(_introsort_row)(rows.reshape(-1, n))
+        values, indices = values.reshape(rows.shape), indices.reshape(rows.shape)
+    else:
+        values, indices = sort_along(rows, x.ndim - 1)
     if n == 0:
         out = values[..., :1], indices[..., :1]
     else:
@@ -279,9 +320,7 @@ def mode(x, dim=-1, keepdim=False):
         run_start = lax.cummax(jnp.where(new_run, jnp.arange(n), 0), axis=values.ndim - 1)
         length = jnp.arange(n) - run_start + 1  # run length so far, at each position
         best = jnp.argmax(length, axis=-1, keepdims=True)  # first longest run: the smallest value
-        value = jnp.take_along_axis(values, best, -1)
-        last = jnp.max(jnp.where(values == value, indices, -1), axis=-1, keepdims=True)
-        out = value, last
+        out = jnp.take_along_axis(values, best, -1), jnp.take_along_axis(indices, best, -1)
     v, i = (jnp.moveaxis(o, -1, axis) for o in out)
     return (v, i) if keepdim else (jnp.squeeze(v, axis), jnp.squeeze(i, axis))
 
