@@ -201,16 +201,6 @@ def norm_statistics(func, args, kwargs):
     return (out[0], *stats, *out[3:])
 
 
-@handles(aten.fractional_max_pool3d_backward.default)
-def fractional_max_pool3d_backward(func, args, kwargs):
-    """The gradient scattered to the argmax positions, as ops with meta
-    kernels: torch has none for this op, and its CPU kernel asserts on the
-    uninitialized indices Note [Meta errors] would run it on."""
-    grad, x, indices = args[0], args[1], args[4]
-    plane = torch.zeros(x.shape[:-3] + (math.prod(x.shape[-3:]),), dtype=grad.dtype, device=grad.device)
-    return plane.scatter_add(-1, indices.flatten(-3), grad.flatten(-3)).view(x.shape)
-
-
 @handles(aten.bincount.default)
 def bincount(func, args, kwargs):
     """The output's length is data (``max(x) + 1``): one host read of the

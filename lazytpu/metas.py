@@ -52,6 +52,7 @@ SHAPES = {
     aten.geqrf.default: _geqrf,
     aten.multi_margin_loss_backward.default: _like_input,
     aten.multilabel_margin_loss_backward.default: _like_input,
+    aten.fractional_max_pool3d_backward.default: _like_input,
     aten.histogram.bin_ct: _histogram,
     aten.histogram.bins_tensor: _histogram_edges,
     aten._histogramdd_bin_edges.default: _histogramdd_edges,

@@ -363,3 +363,8 @@ def fractional_max_pool3d(x, kernel_size, output_size, random_samples):
 @lowering(aten.fractional_max_pool2d_backward.default)
 def fractional_max_pool2d_backward(grad_output, x, kernel_size, output_size, indices):
     return _scatter_to_plane(grad_output, x, indices, 2)
+
+
+@lowering(aten.fractional_max_pool3d_backward.default)
+def fractional_max_pool3d_backward(grad_output, x, kernel_size, output_size, indices):
+    return _scatter_to_plane(grad_output, x, indices, 3)
