@@ -58,8 +58,19 @@ def _entr(x):
 
 def _log_ndtr(x):
     t = x * jnp.asarray(math.sqrt(0.5), x.dtype)
-    left = jnp.log(jss.erfcx(-t) / 2) - t * t
+    left = jnp.log(_erfcx(-t) / 2) - t * t
     return jnp.where(x < -1.0, left, jnp.log1p(-lax.erfc(t) / 2))
+
+
+def _erfcx(x):
+    # jax.scipy's float32 erfcx is 0 on [~9.2, 9.4), where exp(x^2) * erfc(x) underflows before its
+    # asymptotic branch starts; five asymptotic terms are exact to float32 from 9 up.
+    if x.dtype != jnp.float32:
+        return jss.erfcx(x)
+    big = jnp.maximum(x, 9.0)
+    inv = 1 / (2 * big * big)
+    series = 1 - inv * (1 - 3 * inv * (1 - 5 * inv * (1 - 7 * inv * (1 - 9 * inv))))
+    return jnp.where(x >= 9, series / (math.sqrt(math.pi) * big), jss.erfcx(x))
 
 
 def _digamma(x):
@@ -119,8 +130,10 @@ def _zeta(x, q):
     def more(state):
         return jnp.any(summing(state))
 
+    # torch returns these before summing (below); q = -inf would never reach 9
+    early = (x <= 1) | (q <= 0) & ((q == jnp.floor(q)) | (x != jnp.floor(x))) | jnp.isnan(x) | jnp.isnan(q)
     zero = jnp.zeros_like(x)
-    state = (jnp.zeros(x.shape, jnp.int32), q, zero, q ** (-x), jnp.zeros(x.shape, bool))
+    state = (jnp.zeros(x.shape, jnp.int32), q, zero, q ** (-x), early)
     _, a, b, s, done = lax.while_loop(more, step, state)
     w = a
     s_tail = jnp.where(done, s, s + b * w / (x - 1) - 0.5 * b)
@@ -135,7 +148,7 @@ def _zeta(x, q):
         a = a * (x + k)
         b = b / w
         k = k + 1
-    value = s_tail
+    value = jnp.where(jnp.isnan(x) | jnp.isnan(q), jnp.nan, s_tail)
     value = jnp.where((q <= 0) & (x != jnp.floor(x)), jnp.nan, value)
     value = jnp.where((q <= 0) & (q == jnp.floor(q)), jnp.inf, value)
     value = jnp.where(x < 1, jnp.nan, value)
@@ -184,7 +197,7 @@ _UNARY_FLOAT = {
     aten.deg2rad.default: lambda x: x * jnp.asarray(math.pi / 180, x.dtype),
     aten.rad2deg.default: lambda x: x * jnp.asarray(180 / math.pi, x.dtype),
     aten.special_entr.default: _entr,
-    aten.special_erfcx.default: jss.erfcx,
+    aten.special_erfcx.default: _erfcx,
     aten.special_log_ndtr.default: _log_ndtr,
     aten.special_ndtri.default: jss.ndtri,
     aten.special_i0e.default: jss.i0e,
@@ -347,7 +360,7 @@ def frexp(x):
 # -- integers ------------------------------------------------------------------------
 
 
-@lowering(aten.bitwise_left_shift)
+@lowering(aten.bitwise_left_shift, aten.__lshift__.Tensor, aten.__lshift__.Scalar)
 def bitwise_left_shift(x, y):
     x, y = promote(x, y)
     bits = 8 * x.dtype.itemsize
@@ -356,7 +369,7 @@ def bitwise_left_shift(x, y):
     return jnp.where(out_of_range, jnp.zeros_like(x), lax.shift_left(x, jnp.where(out_of_range, 0, y)))
 
 
-@lowering(aten.bitwise_right_shift)
+@lowering(aten.bitwise_right_shift, aten.__rshift__.Tensor, aten.__rshift__.Scalar)
 def bitwise_right_shift(x, y):
     x, y = promote(x, y)
     bits = 8 * x.dtype.itemsize
@@ -441,17 +454,27 @@ def mish_backward(grad, x):
 # -- windows -------------------------------------------------------------------------
 
 
-@lowering(aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar, aten.linspace.Scalar_Tensor)
-def linspace_tensor(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
-    # torch reads 0-d bounds as scalars (signal.windows.kaiser builds its grid this way)
-    target = _jdtype(dtype)
-    work = jnp.float64 if _is_integral(target) else target
+def _linspace_traced(start, end, steps: int, target, work):
+    """factories.linspace's two-sided steps over traced bounds, whose span is
+    divided exactly (Note [Exact quotients])."""
     start, end = (jnp.asarray(v).astype(target).astype(work) for v in (start, end))
     if steps <= 1:
         return jnp.full((steps,), start, work)
-    # the two-sided steps of factories.linspace; a traced span is divided exactly (Note [Exact quotients])
     step = _divide_exactly(end - start, jnp.asarray(steps - 1, work))
     idx = jnp.arange(steps)
     front = start + step * idx.astype(work)
     back = end - step * (steps - 1 - idx).astype(work)
     return jnp.where(idx < steps // 2, front, back)
+
+
+# torch reads 0-d tensor bounds as scalars (signal.windows.kaiser builds its grid this way)
+@lowering(aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar, aten.linspace.Scalar_Tensor)
+def linspace_tensor(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
+    target = _jdtype(dtype)
+    return _linspace_traced(start, end, steps, target, jnp.float64 if _is_integral(target) else target)
+
+
+@lowering(aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar, aten.logspace.Scalar_Tensor)
+def logspace_tensor(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    exponents = _linspace_traced(start, end, steps, _jdtype(dtype), jnp.float64)
+    return jnp.power(jnp.float64(base), exponents)

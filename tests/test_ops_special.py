@@ -1,0 +1,257 @@
+"""Special functions, extra pointwise math and the shrink/glu/mish activations
+on ``tpu`` against CPU torch, without CPU fallback: values at torch's special
+points (poles, signed zeros, inf/nan, domain edges), integer inputs promoted
+to float, and gradients through the backward ops."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import run_both
+
+import lazytpu
+
+F32, F64, I64, I32, BF16, F16 = torch.float32, torch.float64, torch.int64, torch.int32, torch.bfloat16, torch.float16
+INF, NAN = math.inf, math.nan
+
+
+@contextlib.contextmanager
+def no_fallback():
+    before = dict(lazytpu.metrics.snapshot()["cpu_fallbacks"])
+    yield
+    after = lazytpu.metrics.snapshot()["cpu_fallbacks"]
+    assert after == before, f"CPU fallback: {set(after) - set(before)}"
+
+
+def values(*xs, dtype=F64):
+    return torch.tensor(xs, dtype=dtype)
+
+
+def grid(lo, hi, n=23, dtype=F64):
+    return torch.linspace(lo, hi, n, dtype=dtype)
+
+
+EDGES = values(0.0, -0.0, 1.0, -1.0, 0.5, -2.5, -3.0, 4.0, 30.0, INF, -INF, NAN)
+
+UNARY = {
+    "acos": (torch.acos, grid(-1, 1)),
+    "acosh": (torch.acosh, grid(1, 9)),
+    "asin": (torch.asin, grid(-1, 1)),
+    "asinh": (torch.asinh, EDGES),
+    "atan": (torch.atan, EDGES),
+    "atanh": (torch.atanh, grid(-1, 1)),
+    "cosh": (torch.cosh, grid(-5, 5)),
+    "sinh": (torch.sinh, grid(-5, 5)),
+    "tan": (torch.tan, grid(-1.5, 1.5)),
+    "log10": (torch.log10, EDGES),
+    "erfc": (torch.erfc, EDGES),
+    "erfinv": (torch.erfinv, grid(-1, 1)),
+    "lgamma": (torch.lgamma, EDGES),
+    "digamma": (torch.digamma, EDGES),
+    "trigamma": (lambda x: torch.polygamma(1, x), values(-7.58, -2.5, -0.6, 0.2, 1.0, 3.5, 40.0)),
+    "polygamma3": (lambda x: torch.polygamma(3, x), values(-7.58, -2.5, -0.6, 0.2, 1.0, 3.5, 40.0)),
+    "mvlgamma": (lambda x: torch.mvlgamma(x, 3), grid(1.1, 9)),
+    "i0": (torch.i0, EDGES),
+    "sinc": (torch.sinc, EDGES),
+    "angle": (torch.angle, EDGES),
+    "deg2rad": (torch.deg2rad, EDGES),
+    "frac": (torch.frac, EDGES),
+    "logit": (lambda x: torch.logit(x, eps=0.1), grid(-0.5, 1.5)),
+    "entr": (torch.special.entr, EDGES),
+    "erfcx": (torch.special.erfcx, grid(-5, 30)),
+    "log_ndtr": (torch.special.log_ndtr, grid(-30, 5)),
+    "ndtri": (torch.special.ndtri, grid(0, 1)),
+    "i0e": (torch.special.i0e, EDGES),
+    "i1": (torch.special.i1, EDGES),
+    "i1e": (torch.special.i1e, EDGES),
+    "airy_ai": (torch.special.airy_ai, grid(-12, 12, 49)),
+    "bessel_j0": (torch.special.bessel_j0, grid(-12, 12, 49)),
+    "bessel_j1": (torch.special.bessel_j1, grid(-12, 12, 49)),
+    "bessel_y0": (torch.special.bessel_y0, grid(-1, 12, 53)),
+    "bessel_y1": (torch.special.bessel_y1, grid(-1, 12, 53)),
+    "modified_bessel_i0": (torch.special.modified_bessel_i0, grid(-12, 12, 49)),
+    "modified_bessel_i1": (torch.special.modified_bessel_i1, grid(-12, 12, 49)),
+    "modified_bessel_k0": (torch.special.modified_bessel_k0, grid(-1, 12, 53)),
+    "modified_bessel_k1": (torch.special.modified_bessel_k1, grid(-1, 12, 53)),
+    "scaled_modified_bessel_k0": (torch.special.scaled_modified_bessel_k0, grid(-1, 12, 53)),
+    "scaled_modified_bessel_k1": (torch.special.scaled_modified_bessel_k1, grid(-1, 12, 53)),
+    "spherical_bessel_j0": (torch.special.spherical_bessel_j0, EDGES),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary(name):
+    fn, x = UNARY[name]
+    with no_fallback():
+        run_both(lambda x: (fn(x), fn(x.float())), x)
+
+
+@pytest.mark.parametrize("name", ["acos", "erfc", "lgamma", "digamma", "i0", "sinc", "bessel_j0", "entr"])
+def test_unary_integer_inputs_promote(name):
+    fn, _ = UNARY[name]
+    with no_fallback():
+        run_both(lambda i, b: (fn(i), fn(b)), torch.arange(-3, 5, dtype=I64), torch.tensor([True, False]))
+
+
+@pytest.mark.parametrize("name", ["acos", "erfc", "digamma", "log10", "sinc"])
+def test_unary_half_types(name):
+    fn, x = UNARY[name]
+    x = x[torch.isfinite(x)]
+    with no_fallback():
+        run_both(lambda x: (fn(x.to(BF16)), fn(x.to(F16))), x, rtol=1e-2, atol=1e-2)
+
+
+A = values(0.0, -0.0, 1.0, -2.0, 3.5, INF, -INF, NAN, 0.0, 2.0)
+B = values(0.0, 1.0, -0.0, 2.0, INF, INF, -INF, 1.0, NAN, -3.0)
+
+BINARY = {
+    "atan2": torch.atan2,
+    "copysign": torch.copysign,
+    "hypot": torch.hypot,
+    "fmax": torch.fmax,
+    "fmin": torch.fmin,
+    "nextafter": torch.nextafter,
+    "heaviside": torch.heaviside,
+    "logaddexp": torch.logaddexp,
+    "logaddexp2": torch.logaddexp2,
+    "xlogy": torch.xlogy,
+    "xlog1py": torch.special.xlog1py,
+    "igamma": torch.igamma,
+    "igammac": torch.igammac,
+    "zeta": torch.special.zeta,
+}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary_special_values(name):
+    fn = BINARY[name]
+    with no_fallback():
+        run_both(lambda a, b: (fn(a, b), fn(a.float(), b.float())), A, B)
+
+
+@pytest.mark.parametrize("name", ["igamma", "igammac"])
+def test_incomplete_gamma_values(name):
+    a, x = torch.meshgrid(grid(0.1, 20, 9), grid(0.0, 30, 9), indexing="ij")
+    with no_fallback():
+        run_both(BINARY[name], a, x)
+
+
+def test_zeta_negative_q_and_scalars():
+    x, q = values(2.0, 3.0, 4.0, 2.5, 1.0, 0.5), values(-7.58, -2.5, -3.0, -1.5, 2.0, 2.0)
+    with no_fallback():
+        run_both(torch.special.zeta, x, q)
+        run_both(lambda q: torch.special.zeta(3.0, q), q.abs())
+        run_both(lambda x: torch.special.zeta(x, 2.0), x)
+
+
+def test_scalar_overloads_and_mixed_dtypes():
+    x = grid(-3, 3, 7)
+    with no_fallback():
+        run_both(lambda x: torch.xlogy(2, x), x)
+        run_both(lambda x: torch.xlogy(x, 3.0), x)
+        run_both(lambda x: torch.special.xlog1py(x, 0.5), x)
+        run_both(lambda x: torch.copysign(x, -1.0), x.float())
+        run_both(torch.atan2, torch.arange(-3, 4), x.float())
+        run_both(torch.fmax, torch.arange(-3, 4), torch.tensor([1, -2, 0, 5, 1, 1, 9], dtype=I32))
+
+
+def test_nextafter_half_steps_in_storage_dtype():
+    x = values(0.0, 1.0, -1.0, 65504.0, dtype=BF16)
+    y = values(1.0, 2.0, -2.0, INF, dtype=BF16)
+    with no_fallback():
+        run_both(lambda x, y: (torch.nextafter(x, y), torch.nextafter(x.to(F16), y.to(F16))), x, y, rtol=0, atol=0)
+
+
+def test_frexp():
+    x = values(0.0, -0.0, 1.0, -3.5, 1e-300, 1e300, INF, NAN)
+    with no_fallback():
+        run_both(lambda x: (torch.frexp(x), torch.frexp(x.to(F16))), x)
+
+
+@pytest.mark.parametrize("fn", [torch.gcd, torch.lcm, torch.bitwise_left_shift, torch.bitwise_right_shift])
+@pytest.mark.parametrize("dtype", [I64, I32, torch.uint8])
+def test_integer_ops(fn, dtype):
+    if dtype == torch.uint8:
+        a, b = torch.tensor([0, 1, 12, 255, 7, 200]), torch.tensor([0, 9, 18, 3, 8, 200])
+    else:
+        a, b = torch.tensor([0, -4, 12, -9, 7, 100, -1]), torch.tensor([0, 6, -18, 70, 65, -1, 3])
+    with no_fallback():
+        run_both(lambda a, b: (fn(a, b), fn(a, b[:1].squeeze())), a.to(dtype), b.to(dtype))
+
+
+POLYNOMIALS = [
+    torch.special.chebyshev_polynomial_t,
+    torch.special.chebyshev_polynomial_u,
+    torch.special.chebyshev_polynomial_v,
+    torch.special.chebyshev_polynomial_w,
+    torch.special.shifted_chebyshev_polynomial_t,
+    torch.special.shifted_chebyshev_polynomial_u,
+    torch.special.shifted_chebyshev_polynomial_v,
+    torch.special.shifted_chebyshev_polynomial_w,
+    torch.special.hermite_polynomial_h,
+    torch.special.hermite_polynomial_he,
+    torch.special.laguerre_polynomial_l,
+    torch.special.legendre_polynomial_p,
+]
+
+
+@pytest.mark.parametrize("fn", POLYNOMIALS, ids=lambda f: f.__name__)
+def test_polynomials(fn):
+    # degrees below, at and past the trigonometric thresholds; x at the end points and outside [-1, 1].
+    # (No NaN x with a degree >= 2: torch's recurrence then returns an uninitialized value.)
+    x = values(-1.5, -1.0, -0.7, 0.0, 0.3, 0.5, 1.0, 1.2)[:, None]
+    n = values(-1.0, 0.0, 1.0, 2.0, 5.0, 7.0, 9.0, 12.0, NAN, INF)[None, :]
+    i, k = torch.arange(-2, 3)[:, None], torch.arange(0, 6)[None, :]
+    with no_fallback():
+        run_both(lambda x, n, i, k: (fn(x, n), fn(x.float(), n.float()), fn(x, 4), fn(i, k)), x, n, i, k)
+
+
+ACTIVATIONS = {
+    "celu": lambda x: F.celu(x, alpha=0.7),
+    "glu": lambda x: F.glu(x, dim=0),
+    "hardshrink": lambda x: F.hardshrink(x, 0.4),
+    "softshrink": lambda x: F.softshrink(x, 0.4),
+    "mish": F.mish,
+    "logit": lambda x: torch.logit(x.sigmoid()),
+    "xlogy": lambda x: torch.xlogy(x, x.abs() + 0.5),
+    "digamma": lambda x: torch.digamma(x.abs() + 0.1),
+    "erfinv": lambda x: torch.erfinv(x.tanh() * 0.9),
+    "i0": torch.i0,
+    "logaddexp": lambda x: torch.logaddexp(x, x.flip(0)),
+    "atan2": lambda x: torch.atan2(x, x.flip(0) + 0.1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_gradients(name):
+    x = torch.linspace(-2, 2, 12, dtype=F32).reshape(4, 3).requires_grad_()
+    with no_fallback():
+        run_both(ACTIVATIONS[name], x, grad=True, rtol=1e-4, atol=1e-4)
+
+
+def test_losses_and_windows():
+    p = torch.rand(4, 5, dtype=F64) * 0.9 + 0.05
+    target = torch.rand(4, 5, dtype=F64)
+    with no_fallback():
+        run_both(lambda p, t: F.kl_div(p.log(), t, reduction="batchmean"), p.requires_grad_(), target, grad=True)
+        run_both(F.binary_cross_entropy, p, target, grad=True)
+        run_both(lambda p: torch.signal.windows.kaiser(9, beta=8.0, dtype=F64, device=p.device), p.detach())
+
+
+@pytest.mark.parametrize("dtype", [F32, F64, I64])
+def test_linspace_tensor_bounds(dtype):
+    with no_fallback():
+        run_both(lambda a, b: torch.linspace(a, b, 50, dtype=dtype, device=a.device), torch.tensor(50), torch.tensor(1))
+        run_both(lambda a: torch.linspace(a, 7.9, 5, dtype=dtype, device=a.device), torch.tensor(-3.7))
+
+
+@pytest.mark.parametrize("fn", [torch.bitwise_left_shift, torch.bitwise_right_shift])
+def test_shift_scalar_overloads(fn):
+    a = torch.tensor([0, -4, 12, -9, 7, 100, -1])
+    shifts = torch.tensor([0, 1, 63, 64, -1, 70, 3])
+    with no_fallback():
+        run_both(lambda a, s: (fn(a, 3), fn(a, 64), fn(-5, s), a << 2, a >> s), a, shifts)
