@@ -90,3 +90,49 @@ def test_compiles_nothing_after_warmup(setup, read_loss):
     assert compiled[3:] == [0] * 5, compiled
     assert executed[3:] == [1] * 5, executed  # the step's program (the optimizer-step sync)
     assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {}
+
+
+# In-place ops take a fast path (the functional node bound straight into the
+# target's storage) when the target owns its storage with the result's layout;
+# otherwise (a view, a dtype or layout mismatch) the general write path runs.
+_INPLACE_CASES = {
+    "same layout": (lambda: torch.randn(4, 5), lambda t, o: t.mul_(o).add_(1.5)),
+    "broadcast operand": (lambda: torch.randn(4, 5), lambda t, o: t.addcmul_(o[0], o[1], value=-0.5)),
+    "view target": (lambda: torch.randn(4, 5), lambda t, o: t[1:3].lerp_(o[1:3], 0.25)),
+    "transposed target": (lambda: torch.randn(5, 4).t(), lambda t, o: t.addcdiv_(o, o.abs() + 1, value=2.0)),
+    "int target, float result": (lambda: torch.arange(20).reshape(4, 5), lambda t, o: t.add_(3)),
+}
+
+
+@pytest.mark.parametrize("case", list(_INPLACE_CASES))
+def test_inplace_ops_match_cpu_and_record_no_extra_tensor(case):
+    make, op = _INPLACE_CASES[case]
+    gen = torch.Generator().manual_seed(0)
+    other = torch.randn(4, 5, generator=gen)
+    for _ in range(2):  # the second call runs from the cached plans
+        cpu = make()
+        tpu = cpu.clone().to("tpu") if cpu.is_contiguous() else cpu.t().clone().to("tpu").t()
+        expected = op(cpu, other)
+        got = op(tpu, other.to("tpu"))
+        torch.testing.assert_close(got.cpu(), expected)
+        torch.testing.assert_close(tpu.cpu(), cpu)
+    t = torch.randn(6, device="tpu")
+    t.mul_(2.0).add_(1.0)  # plans made
+    lazytpu.sync()
+    graph = lazytpu.engine.context(0).graph
+    storage, n_storages = t._lt_storage, len(graph.storages)
+    t.mul_(2.0).add_(1.0)
+    assert t._lt_storage is storage and len(graph.storages) == n_storages  # no tensor in between
+
+
+def test_views_are_planned_once():
+    from lazytpu import dispatch
+
+    x = torch.randn(3, 4, device="tpu")
+    x.t()
+    planned = len(dispatch._VIEW_PLANS)
+    for _ in range(3):
+        y = x.t()
+    assert len(dispatch._VIEW_PLANS) == planned
+    assert y.shape == (4, 3) and y.stride() == (1, 4) and y._lt_storage is x._lt_storage
+    torch.testing.assert_close(y.cpu(), x.cpu().t())
