@@ -255,3 +255,14 @@ def test_shift_scalar_overloads(fn):
     shifts = torch.tensor([0, 1, 63, 64, -1, 70, 3])
     with no_fallback():
         run_both(lambda a, s: (fn(a, 3), fn(a, 64), fn(-5, s), a << 2, a >> s), a, shifts)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16, I64])
+def test_logspace_tensor_bounds(dtype):
+    with no_fallback():
+        run_both(lambda a: torch.logspace(a, 1, 1, dtype=dtype, device=a.device), torch.tensor(4.3))
+        run_both(
+            lambda a, b: torch.logspace(a, b, 7, base=2.0, dtype=dtype, device=a.device),
+            torch.tensor(-3),
+            torch.tensor(5.5),
+        )

@@ -454,13 +454,16 @@ def mish_backward(grad, x):
 # -- windows -------------------------------------------------------------------------
 
 
-def _linspace_traced(start, end, steps: int, target, work):
+def _linspace_traced(start, end, steps: int, target, work, span_in_target: bool = False):
     """factories.linspace's two-sided steps over traced bounds, whose span is
-    divided exactly (Note [Exact quotients])."""
-    start, end = (jnp.asarray(v).astype(target).astype(work) for v in (start, end))
+    divided exactly (Note [Exact quotients]). ``span_in_target``: the span is
+    rounded to ``target`` first, as logspace's kernel subtracts in it."""
+    start, end = (jnp.asarray(v).astype(target) for v in (start, end))
+    span = (end - start).astype(work) if span_in_target else end.astype(work) - start.astype(work)
+    start, end = start.astype(work), end.astype(work)
     if steps <= 1:
         return jnp.full((steps,), start, work)
-    step = _divide_exactly(end - start, jnp.asarray(steps - 1, work))
+    step = _divide_exactly(span, jnp.asarray(steps - 1, work))
     idx = jnp.arange(steps)
     front = start + step * idx.astype(work)
     back = end - step * (steps - 1 - idx).astype(work)
@@ -476,5 +479,7 @@ def linspace_tensor(start, end, steps, *, dtype=None, layout=None, device=None, 
 
 @lowering(aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar, aten.logspace.Scalar_Tensor)
 def logspace_tensor(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None, pin_memory=None):
-    exponents = _linspace_traced(start, end, steps, _jdtype(dtype), jnp.float64)
+    if steps == 1:  # torch fills base ** start, start not rounded to the result dtype
+        return jnp.power(jnp.float64(base), jnp.full((1,), start, jnp.float64))
+    exponents = _linspace_traced(start, end, steps, _jdtype(dtype), jnp.float64, span_in_target=True)
     return jnp.power(jnp.float64(base), exponents)
