@@ -266,3 +266,26 @@ def test_logspace_tensor_bounds(dtype):
             torch.tensor(-3),
             torch.tensor(5.5),
         )
+
+
+@pytest.mark.parametrize(
+    "fn, dtypes",
+    [
+        (torch.gcd, (F32, F32)),
+        (torch.hypot, (I64, I64)),
+        (torch.heaviside, (F32, F64)),
+        (torch.logaddexp, (I32, I32)),
+        (torch.frac, (I64,)),
+        (F.mish, (I64,)),
+        (torch.special.erfcx, (BF16,)),
+        (torch.special.chebyshev_polynomial_t, (F16, F16)),
+    ],
+)
+def test_unsupported_dtypes_raise_torch_error(fn, dtypes):
+    # the meta kernels accept these; CPU torch's kernels do not (Note [Kernel checks])
+    inputs = [torch.ones(3, dtype=d) for d in dtypes]
+    with pytest.raises((RuntimeError, NotImplementedError)) as expected:
+        fn(*inputs)
+    with pytest.raises(type(expected.value)) as actual:
+        fn(*(x.to("tpu") for x in inputs))
+    assert str(actual.value) == str(expected.value).replace("_cpu", "_tpu")
