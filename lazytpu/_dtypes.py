@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -24,6 +25,9 @@ _TORCH_TO_JAX = {
     torch.complex128: jnp.complex128,
 }
 _JAX_TO_TORCH = {np.dtype(v): k for k, v in _TORCH_TO_JAX.items()}
+# JAX has no complex32: it lives on device as complex64 whose parts are
+# float16 values (Note [complex32 storage]); reading it back narrows it again.
+_TORCH_TO_JAX[torch.complex32] = jnp.complex64
 
 
 def to_jax(dtype: torch.dtype):
@@ -41,3 +45,19 @@ def to_torch(dtype) -> torch.dtype:
 
 def itemsize(dtype: torch.dtype) -> int:
     return dtype.itemsize
+
+
+# Note [complex32 storage]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# torch.complex32 (chalf) has no JAX dtype. A complex32 value is stored as a
+# complex64 array whose real and imaginary parts are exactly representable in
+# float16: ``program.cast_to`` rounds each part through float16 whenever a rule
+# produces a complex32 result, as CPU torch rounds when it stores a chalf
+# element, and ``hostio`` widens on upload and narrows on download (both exact).
+
+
+def round_complex32(x):
+    """Round the parts of a complex64 array to float16 values (still complex64)."""
+    re = jnp.real(x).astype(jnp.float16).astype(jnp.float32)
+    im = jnp.imag(x).astype(jnp.float16).astype(jnp.float32)
+    return jax.lax.complex(re, im)

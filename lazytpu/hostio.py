@@ -21,6 +21,8 @@ def data_from_cpu(t: torch.Tensor, index: int = 0) -> Data:
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.resolve_conj().resolve_neg().contiguous()
+    if t.dtype is torch.complex32:  # stored widened (Note [complex32 storage])
+        t = t.to(torch.complex64)
     bits = _BITS.get(t.dtype)
     array = t.view(bits[0]).numpy().view(bits[1]) if bits else t.numpy()
     return Data(runtime.from_host(array, index), Aval(tuple(t.shape), t.dtype))
@@ -43,6 +45,8 @@ def to_cpu(t, reason: str = "cpu") -> torch.Tensor:
         base = torch.from_numpy(np.array(array, copy=True).view(np.int16)).view(t.dtype)
     else:
         base = torch.from_numpy(np.array(array, copy=True))
+        if base.dtype != t.dtype:  # complex32 (Note [complex32 storage])
+            base = base.to(t.dtype)
     if t._lt_window is None and t.is_contiguous():
         return base.reshape(t.shape)
     physical = torch.empty_strided(base.shape, storage.stride, dtype=t.dtype)

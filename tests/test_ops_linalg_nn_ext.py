@@ -322,3 +322,31 @@ def test_geqrf(eager_mode):
     a = torch.randn(2, 5, 3, dtype=torch.float64)
     with no_fallback():
         run_both(torch.geqrf, a, mode_name=eager_mode)
+
+
+# -- complex32 (Note [complex32 storage]) ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x.chalf(),
+        lambda x: torch.complex(x.half(), (x * 3).half()),
+        lambda x: torch.view_as_complex(x.half().reshape(3, 2, 2)),
+        lambda x: torch.view_as_real(x.chalf()) * 2,
+        lambda x: (x.chalf(), x.chalf().to(torch.complex64) * 1e-3),
+    ],
+)
+def test_complex32(fn, eager_mode):
+    x = torch.randn(3, 4) * 100 + 1e-3  # parts rounded to float16 where torch rounds them
+    with no_fallback():
+        out = run_both(fn, x, mode_name=eager_mode)
+    outs = out if isinstance(out, tuple) else (out,)
+    assert all(o.device.type == "tpu" for o in outs)
+
+
+def test_complex32_upload_download():
+    z = torch.complex(torch.randn(5).half(), torch.randn(5).half())
+    t = z.to("tpu")
+    assert t.dtype is torch.complex32
+    assert torch.equal(torch.view_as_real(t.cpu()), torch.view_as_real(z))

@@ -29,12 +29,14 @@ def view_as_real(z):
 
 @lowering(aten.view_as_complex.default)
 def view_as_complex(x):
-    return lax.complex(x[..., 0], x[..., 1])
+    return complex_(x[..., 0], x[..., 1])
 
 
 @lowering(aten.complex.default)
 def complex_(real, imag):
     real, imag = jnp.broadcast_arrays(real, imag)
+    if real.dtype == jnp.float16:  # complex32 result, stored as complex64 (Note [complex32 storage])
+        real, imag = real.astype(jnp.float32), imag.astype(jnp.float32)
     return lax.complex(real, imag)
 
 

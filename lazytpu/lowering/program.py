@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import torch
 
 from lazytpu import _dtypes
 from lazytpu.ir.template import fill
@@ -22,6 +23,8 @@ def cast_to(x, aval):
     x = jnp.asarray(x)
     if x.dtype != target:
         x = x.astype(target)
+    if aval.dtype is torch.complex32:
+        x = _dtypes.round_complex32(x)
     if x.shape != aval.shape:
         x = jnp.broadcast_to(x, aval.shape)
     return x
