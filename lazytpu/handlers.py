@@ -228,6 +228,20 @@ def bincount(func, args, kwargs):
     return aten.index_add.default(out, 0, x, values)
 
 
+@handles(aten.linalg_lstsq.default)
+def linalg_lstsq(func, args, kwargs):
+    """gelsd/gelss report residuals of tall systems only when every matrix
+    has full rank: one host read of the ranks decides, as torch's kernel does."""
+    out = record(func, args, kwargs, get_rule(func))
+    a = args[0]
+    m, n = a.shape[-2:]
+    driver = kwargs.get("driver")
+    if driver in ("gelsd", "gelss") and m > n and out[2].numel():
+        if not bool(hostio.to_cpu(aten.eq.Scalar(out[2], n), "data_dependent").all()):
+            out = (out[0], aten.new_empty.default(out[1], [0]), *out[2:])
+    return out
+
+
 @handles(aten.rrelu_with_noise.default)
 def rrelu_with_noise(func, args, kwargs):
     """``rrelu_with_noise`` writes its ``noise`` argument in training: the

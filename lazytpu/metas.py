@@ -48,7 +48,26 @@ def _geqrf(a):
     return a.new_empty(a.shape).mT.contiguous().mT, a.new_empty(a.shape[:-2] + (min(m, n),))
 
 
+def _lstsq(a, b, rcond=None, *, driver=None):
+    """``linalg_lstsq``'s outputs (``BatchLinearAlgebra.cpp``): which are empty
+    follows from the driver. gelsd/gelss residuals on tall input exist only
+    when every matrix has full rank (data): shaped here as if so, and the
+    handler (``handlers.linalg_lstsq``) empties them after reading the ranks."""
+    driver = driver or "gelsy"
+    m, n = a.shape[-2:]
+    vector = b.dim() == 1 or (a.dim() - 1 == b.dim() and b.shape == a.shape[:-1])
+    b2 = b.unsqueeze(-1) if vector else b
+    batch = torch.broadcast_shapes(a.shape[:-2], b2.shape[:-2])
+    k = b2.shape[-1]
+    solution = a.new_empty(batch + ((n,) if vector else (n, k)))
+    residuals = a.new_empty(batch + (k,)) if driver != "gelsy" and m > n else a.new_empty(0)
+    rank = a.new_empty(batch if driver != "gels" else (0,), dtype=torch.int64)
+    sv = a.new_empty(batch + (min(m, n),) if driver in ("gelsd", "gelss") else (0,), dtype=a.dtype.to_real())
+    return solution, residuals, rank, sv
+
+
 SHAPES = {
+    aten.linalg_lstsq.default: _lstsq,
     aten.geqrf.default: _geqrf,
     aten.multi_margin_loss_backward.default: _like_input,
     aten.multilabel_margin_loss_backward.default: _like_input,

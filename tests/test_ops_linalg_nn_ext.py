@@ -350,3 +350,28 @@ def test_complex32_upload_download():
     t = z.to("tpu")
     assert t.dtype is torch.complex32
     assert torch.equal(torch.view_as_real(t.cpu()), torch.view_as_real(z))
+
+
+# -- least squares (Note [lstsq drivers]) ----------------------------------------------
+
+
+@pytest.mark.parametrize("driver", [None, "gels", "gelsy", "gelsd", "gelss"])
+@pytest.mark.parametrize("shapes", [((2, 6, 3), (2, 6, 2)), ((3, 5), (3, 2)), ((6, 3), (6,)), ((6, 3), "deficient")])
+def test_linalg_lstsq(driver, shapes, eager_mode):
+    sa, sb = shapes
+    a = torch.randn(*sa, dtype=torch.float64)
+    if sb == "deficient":  # rank 2 of 3: gelsd/gelss report no residuals
+        a[:, 2] = a[:, 0] + a[:, 1]
+        sb = (6, 2)
+        if driver == "gels":
+            return  # gels assumes full rank (LAPACK's result is arbitrary)
+    b = torch.randn(*sb, dtype=torch.float64)
+    with no_fallback():
+        out = run_both(lambda x, y: tuple(torch.linalg.lstsq(x, y, driver=driver)), a, b, mode_name=eager_mode)
+    assert out[2].dtype is torch.int64
+
+
+def test_linalg_lstsq_grad():
+    a, b = torch.randn(5, 3, requires_grad=True), torch.randn(5, 2, requires_grad=True)
+    with no_fallback():
+        run_both(lambda x, y: torch.linalg.lstsq(x, y).solution, a, b, grad=True)

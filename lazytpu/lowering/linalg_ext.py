@@ -362,6 +362,48 @@ def linalg_pinv(a, *, atol=None, rtol=None, hermitian=False):
     return _mH(right) * w_inv[..., None, :] @ _mH(left)
 
 
+@lowering(aten.linalg_lstsq.default)
+def linalg_lstsq(a, b, rcond=None, *, driver=None):
+    """Least squares through the SVD, with rank truncation below ``rcond * s_max``.
+
+    Note [lstsq drivers]: LAPACK's drivers reach the same minimum-norm solution
+    (gels assumes full rank and solves by QR; gelsy by a rank-revealing QR
+    whose rank estimate matches the SVD's away from the threshold). Which
+    outputs are empty follows the driver (``metas._lstsq``): gelsy (CPU
+    default) reports the rank only, gels the residuals of tall systems,
+    gelsd/gelss also the singular values.
+    """
+    driver = driver or "gelsy"
+    m, n = a.shape[-2:]
+    vector = b.ndim == 1 or (a.ndim - 1 == b.ndim and b.shape == a.shape[:-1])
+    b2 = b[..., None] if vector else b
+    batch = jnp.broadcast_shapes(a.shape[:-2], b2.shape[:-2])
+    a = jnp.broadcast_to(a, batch + (m, n))
+    b2 = jnp.broadcast_to(b2, batch + b2.shape[-2:])
+    real = jnp.finfo(a.dtype).dtype
+    if rcond is None or rcond < 0:
+        rcond = jnp.finfo(real).eps * max(m, n) if rcond is None else jnp.finfo(real).eps
+    if m == 0 or n == 0:
+        s = jnp.zeros(batch + (0,), real)
+        x = jnp.zeros(batch + (n, b2.shape[-1]), a.dtype)
+        rank = jnp.zeros(batch, jnp.int64)
+    else:
+        u, s, vh = lax.linalg.svd(a, full_matrices=False)
+        keep = s > rcond * s[..., :1]
+        s_inv = jnp.where(keep, 1 / jnp.where(keep, s, 1), 0).astype(a.dtype)
+        x = _mH(vh) @ (s_inv[..., :, None] * (_mH(u) @ b2))
+        rank = jnp.sum(keep, axis=-1).astype(jnp.int64)
+    empty = jnp.zeros((0,), a.dtype)
+    if driver != "gelsy" and m > n:  # gelsd/gelss: emptied unless full rank (handlers.linalg_lstsq)
+        residuals = jnp.sum(jnp.abs(b2 - a @ x) ** 2, axis=-2).astype(a.dtype)
+    else:
+        residuals = empty
+    if driver == "gels":
+        rank = jnp.zeros((0,), jnp.int64)
+    sv = s if driver in ("gelsd", "gelss") else jnp.zeros((0,), real)
+    return (x[..., 0] if vector else x), residuals, rank, sv
+
+
 # -- products and norms ---------------------------------------------------------
 
 
