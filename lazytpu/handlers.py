@@ -242,6 +242,23 @@ def linalg_lstsq(func, args, kwargs):
     return out
 
 
+def _host_list(t):
+    return (hostio.to_cpu(t, "data_dependent") if type(t) is LazyTensor else t).reshape(-1).tolist()
+
+
+@handles(aten._ctc_loss.Tensor)
+def ctc_loss_lengths(func, args, kwargs):
+    """The lengths as host lists, as torch's CPU kernel reads them."""
+    lp, targets, il, tl, *rest = args
+    return aten._ctc_loss.default(lp, targets, _host_list(il), _host_list(tl), *rest, **kwargs)
+
+
+@handles(aten._ctc_loss_backward.Tensor)
+def ctc_loss_backward_lengths(func, args, kwargs):
+    grad, lp, targets, il, tl, *rest = args
+    return aten._ctc_loss_backward.default(grad, lp, targets, _host_list(il), _host_list(tl), *rest, **kwargs)
+
+
 @handles(aten.rrelu_with_noise.default)
 def rrelu_with_noise(func, args, kwargs):
     """``rrelu_with_noise`` writes its ``noise`` argument in training: the

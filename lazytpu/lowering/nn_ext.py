@@ -8,9 +8,12 @@ adjoint: every column entry is added back where ``im2col`` read it.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import torch
+from jax import lax
 
 from lazytpu.lowering.linalg_ext import p_norm
 from lazytpu.lowering.registry import lowering
@@ -349,3 +352,104 @@ def embedding_bag_dense_backward(
 def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
     out = jnp.sum(grad[offset2bag] * weight[indices], axis=1)
     return jnp.where(indices != padding_idx, out, 0) if padding_idx >= 0 else out
+
+
+# -- CTC loss (Note [CTC in log space]) ---------------------------------------------
+
+
+# Note [CTC in log space]
+# ~~~~~~~~~~~~~~~~~~~~~~~
+# As torch's CPU kernel (LossCTC.cpp): the extended target l' puts the blank
+# between and around the labels; alpha[t, s] = lse(alpha[t-1, s], alpha[t-1, s-1],
+# alpha[t-1, s-2] when l'[s] is a label unlike l'[s-2]) + log_probs[t, l'[s]],
+# one lax.scan step per time step, every batch element at once. The loss is
+# -lse of the last two alphas at t = input_length - 1. The log-sum-exp keeps
+# an all -inf argument -inf with a zero gradient (a double ``where``), so the
+# backward rule is the VJP of the loss plus torch's ``exp(log_probs) * grad``
+# term (the kernel's gradient is taken through the log_softmax before it).
+# log_alpha past each sequence's input or target length is undefined in torch
+# (uninitialized memory); here it is -inf.
+
+
+def _lse(*xs):
+    m = lax.stop_gradient(functools.reduce(jnp.maximum, xs))
+    dead = m == -jnp.inf
+    m = jnp.where(dead, 0, m)
+    total = sum(jnp.exp(x - m) for x in xs)
+    return jnp.where(dead, -jnp.inf, jnp.log(jnp.where(dead, 1, total)) + m)
+
+
+def _ctc_targets(targets, target_lengths, n):
+    """Targets as ``(N, max(target_lengths))`` (torch's 1-D form concatenates them)."""
+    lengths = jnp.asarray(target_lengths, jnp.int32)
+    width = max(target_lengths, default=0)
+    if targets.ndim == 1:
+        offsets = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(lengths)[:-1]])
+        index = jnp.clip(offsets[:, None] + jnp.arange(width), 0, max(targets.shape[0] - 1, 0))
+        return (targets[index] if targets.shape[0] else jnp.zeros((n, width), targets.dtype)), lengths
+    return targets[:, :width], lengths
+
+
+def _ctc_forward(log_probs, targets, input_lengths, target_lengths, blank):
+    """(neg_log_likelihood (N,), log_alpha (N, T, 2L+1)) of time-major log_probs."""
+    t_max, n, _ = log_probs.shape
+    tg, tl = _ctc_targets(targets, target_lengths, n)
+    width = 2 * tg.shape[1] + 1
+    s = jnp.arange(width)
+    ext = jnp.where(
+        s % 2 == 0, blank, tg[:, jnp.clip((s - 1) // 2, 0, max(tg.shape[1] - 1, 0))] if tg.shape[1] else blank
+    )
+    ext = jnp.broadcast_to(ext, (n, width)).astype(jnp.int32)
+    valid = s[None, :] < 2 * tl[:, None] + 1
+    skip = (s[None, :] % 2 == 1) & (s[None, :] >= 2) & (ext != jnp.roll(ext, 2, axis=1))
+    il = jnp.asarray(input_lengths, jnp.int32)
+    emit = jnp.take_along_axis(log_probs, jnp.broadcast_to(ext[None], (t_max, n, width)), axis=2)  # (T, N, S)
+    neg_inf = jnp.asarray(-jnp.inf, log_probs.dtype)
+    a0 = jnp.where((s[None, :] < 2) & valid, emit[0], neg_inf)
+
+    def step(prev, xs):
+        e, t = xs
+        p1 = jnp.concatenate([jnp.full((n, 1), neg_inf), prev[:, :-1]], axis=1)
+        p2 = jnp.concatenate([jnp.full((n, 2), neg_inf), prev[:, :-2]], axis=1)
+        new = jnp.where(valid, _lse(prev, p1, jnp.where(skip, p2, neg_inf)) + e, neg_inf)
+        new = jnp.where((t < il)[:, None], new, neg_inf)
+        return new, new
+
+    _, rest = lax.scan(step, a0, (emit[1:], jnp.arange(1, t_max)))
+    alphas = jnp.concatenate([a0[None], rest], axis=0)  # (T, N, S)
+    last = alphas[jnp.clip(il - 1, 0, t_max - 1), jnp.arange(n)]  # (N, S)
+    end = jnp.take_along_axis(last, jnp.stack([2 * tl, jnp.maximum(2 * tl - 1, 0)], axis=1), axis=1)
+    ll = jnp.where(tl == 0, end[:, 0], _lse(end[:, 0], end[:, 1]))
+    ll = jnp.where(il == 0, jnp.where(tl == 0, 0, neg_inf), ll)
+    log_alpha = jnp.where((jnp.arange(t_max)[:, None] < il[None, :])[..., None], alphas, neg_inf)
+    return -ll, jnp.moveaxis(log_alpha, 0, 1)
+
+
+def _batched(log_probs, targets):
+    if log_probs.ndim == 2:  # unbatched: (T, C) with 1-D targets
+        return log_probs[:, None], targets[None] if targets.ndim == 1 else targets, True
+    return log_probs, targets, False
+
+
+@lowering(aten._ctc_loss.default)
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    lp, tg, unbatched = _batched(log_probs, targets)
+    nll, log_alpha = _ctc_forward(lp, tg, input_lengths, target_lengths, blank)
+    return (nll[0], log_alpha[0]) if unbatched else (nll, log_alpha)
+
+
+@lowering(aten._ctc_loss_backward.default)
+def ctc_loss_backward(
+    grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, blank, zero_infinity=False
+):
+    lp, tg, unbatched = _batched(log_probs, targets)
+    gr = grad.reshape(-1) if unbatched else grad
+    nll = neg_log_likelihood.reshape(-1)
+    _, vjp = jax.vjp(lambda x: _ctc_forward(x, tg, input_lengths, target_lengths, blank)[0], lp)
+    (g,) = vjp(gr)
+    il = jnp.asarray(input_lengths, jnp.int32)
+    live = (jnp.arange(lp.shape[0])[:, None] < il[None, :])[..., None]  # (T, N, 1)
+    out = jnp.where(live, jnp.exp(lp) * gr[None, :, None] + g, 0)
+    inf = jnp.isinf(nll)[None, :, None]
+    out = jnp.where(inf, 0 if zero_infinity else jnp.where(live, jnp.nan, 0), out)
+    return out[:, 0] if unbatched else out
