@@ -402,3 +402,31 @@ def test_ctc_loss(layout, reduction, zero_infinity, eager_mode):
 
     with no_fallback():
         run_both(fn, log_probs, targets, il, tl, mode_name=eager_mode, grad=grad)
+
+
+# -- LDL^T (Note [Bunch-Kaufman]) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 4, 7])
+def test_ldl_factor_pivots_match_lapack(n, eager_mode):
+    torch.manual_seed(n)
+    a = torch.randn(6, n, n, dtype=torch.float64)
+    a = a + a.mT
+    a[::2].diagonal(dim1=-2, dim2=-1).mul_(0.01)  # small diagonals: 2x2 pivots and interchanges
+    a[1, 0, 0] = 0
+    b = torch.randn(6, n, 2, dtype=torch.float64)
+
+    def fn(x, y):
+        ld, piv, info = torch.linalg.ldl_factor_ex(x)
+        return ld, piv, info, torch.linalg.ldl_solve(ld, piv, y)
+
+    with no_fallback():
+        out = run_both(fn, a, b, mode_name=eager_mode)
+    assert out[1].dtype is torch.int32
+
+
+def test_ldl_factor_singular_info():
+    a = torch.zeros(2, 3, 3)
+    a[1] = torch.eye(3)
+    with no_fallback():
+        run_both(lambda x: tuple(torch.linalg.ldl_factor_ex(x)), a)

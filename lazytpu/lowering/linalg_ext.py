@@ -484,3 +484,152 @@ def renorm(x, p, dim, maxnorm):
     norms = p_norm(_norm_acc(x, None), p, ax, True)
     factor = jnp.where(norms > maxnorm, maxnorm / (norms + 1e-7), 1.0)
     return x * factor.astype(x.dtype)
+
+
+# -- LDL^T (Note [Bunch-Kaufman]) ---------------------------------------------------
+
+
+# Note [Bunch-Kaufman]
+# ~~~~~~~~~~~~~~~~~~~~
+# ``linalg_ldl_factor_ex`` replays LAPACK's unblocked ``?sytf2`` (lower), which
+# ``?sytrf`` runs for matrices narrower than its block size: the same pivot
+# tests (alpha = (1 + sqrt(17)) / 8), the same symmetric interchanges of the
+# trailing block only, the same rank-1 and rank-2 updates, one
+# ``lax.while_loop`` step per pivot. The factor is LAPACK's compact form (L
+# below the diagonal, D on it and on the subdiagonal of 2x2 blocks; the upper
+# triangle zero, as torch's ``tril`` before the call), pivots 1-based and
+# negative for 2x2 blocks. ``linalg_ldl_solve`` replays ``?sytrs``.
+
+
+def _sytf2(a):
+    n = a.shape[-1]
+    idx = jnp.arange(n)
+    alpha = (1 + 17**0.5) / 8
+    a = jnp.tril(a)
+
+    def sym(m):
+        return jnp.tril(m) + jnp.tril(m, -1).T
+
+    def first_argmax(v, mask):
+        v = jnp.where(mask, jnp.abs(v), -1)
+        return jnp.argmax(v), jnp.max(v)
+
+    def body(state):
+        a, ipiv, k, info = state
+        m = sym(a)
+        absakk = jnp.abs(m[k, k])
+        imax, colmax = first_argmax(m[:, k], idx > k)
+        colmax = jnp.where(k < n - 1, colmax, 0)
+        jmax, rowmax = first_argmax(m[imax], (idx >= k) & (idx != imax))
+        singular = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)
+        one_k = singular | (absakk >= alpha * colmax) | (absakk >= alpha * colmax * (colmax / rowmax))
+        one_imax = ~one_k & (jnp.abs(m[imax, imax]) >= alpha * rowmax)
+        kstep = jnp.where(one_k | one_imax, 1, 2)
+        kp = jnp.where(one_k, k, imax)
+        kk = k + kstep - 1
+        # the symmetric interchange of kk and kp in the trailing block
+        perm = jnp.where(idx == kk, kp, jnp.where(idx == kp, kk, idx))
+        trail = (idx[:, None] >= k) & (idx[None, :] >= k)
+        m = jnp.where(trail, m[perm][:, perm], m)
+        a = jnp.where(trail, jnp.tril(m), a)
+        below = idx > k
+        # 1x1 pivot: A22 -= x (d11 x)^T, x *= d11
+        d11 = 1 / m[k, k]
+        x = jnp.where(below, m[:, k], 0)
+        upd1 = a - x[:, None] * (d11 * x)[None, :]
+        col1 = x * d11
+        # 2x2 pivot
+        rows2 = idx > k + 1
+        d21 = m[k + 1, k]
+        e11, e22 = m[k + 1, k + 1] / d21, m[k, k] / d21
+        t = 1 / (e11 * e22 - 1)
+        d21 = t / d21
+        ck, ck1 = m[:, k], m[:, jnp.minimum(k + 1, n - 1)]
+        wk = jnp.where(rows2, d21 * (e11 * ck - ck1), 0)
+        wkp1 = jnp.where(rows2, d21 * (e22 * ck1 - ck), 0)
+        upd2 = a - jnp.where(rows2, ck, 0)[:, None] * wk[None, :] - jnp.where(rows2, ck1, 0)[:, None] * wkp1[None, :]
+        block1 = (idx[:, None] > k) & (idx[None, :] > k)
+        block2 = (idx[:, None] > k + 1) & (idx[None, :] > k + 1)
+        new1 = jnp.where(block1, jnp.tril(upd1), a)
+        new1 = new1.at[:, k].set(jnp.where(below, col1, a[:, k]))
+        new2 = jnp.where(block2, jnp.tril(upd2), a)
+        new2 = new2.at[:, k].set(jnp.where(rows2, wk, a[:, k]))
+        new2 = new2.at[:, jnp.minimum(k + 1, n - 1)].set(jnp.where(rows2, wkp1, a[:, jnp.minimum(k + 1, n - 1)]))
+        a = jnp.where(singular, a, jnp.where(kstep == 1, new1, new2))
+        info = jnp.where(singular & (info == 0), k + 1, info)
+        piv = jnp.where(kstep == 1, kp + 1, -(kp + 1)).astype(jnp.int32)
+        ipiv = jnp.where((idx == k) | ((kstep == 2) & (idx == k + 1)), piv, ipiv)
+        return a, ipiv, k + kstep, info
+
+    state = (a, jnp.zeros(n, jnp.int32), jnp.int32(0), jnp.int32(0))
+    a, ipiv, _, info = lax.while_loop(lambda s: s[2] < n, body, state)
+    return a, ipiv, info
+
+
+@lowering(aten.linalg_ldl_factor_ex.default)
+def linalg_ldl_factor_ex(a, *, hermitian=False, check_errors=False):
+    n = a.shape[-1]
+    batch = a.shape[:-2]
+    if n == 0:
+        return a, jnp.zeros(batch + (0,), jnp.int32), jnp.zeros(batch, jnp.int32)
+    flat = a.reshape((-1, n, n))
+    ld, piv, info = jax.vmap(_sytf2)(flat)
+    return ld.reshape(a.shape), piv.reshape(batch + (n,)), info.reshape(batch)
+
+
+def _sytrs(ld, ipiv, b):
+    """``?sytrs`` (lower): solve ``L D L^T P X = P B`` with LAPACK's pivots."""
+    n = ld.shape[-1]
+    idx = jnp.arange(n)
+
+    def swap(b, i, j):
+        perm = jnp.where(idx == i, j, jnp.where(idx == j, i, idx))
+        return b[perm]
+
+    def forward(state):
+        b, k = state
+        two = ipiv[k] < 0
+        kp = jnp.abs(ipiv[k]) - 1
+        k1 = jnp.minimum(k + 1, n - 1)
+        b = swap(b, jnp.where(two, k1, k), kp)
+        # 1x1
+        below = (idx > k)[:, None]
+        b1 = b - jnp.where(below, ld[:, k][:, None], 0) * b[k][None, :]
+        b1 = b1.at[k].set(b1[k] * (1 / ld[k, k]))
+        # 2x2
+        below2 = (idx > k + 1)[:, None]
+        b2 = b - jnp.where(below2, ld[:, k][:, None], 0) * b[k][None, :]
+        b2 = b2 - jnp.where(below2, ld[:, k1][:, None], 0) * b2[k1][None, :]
+        akm1k = ld[k1, k]
+        akm1, ak = ld[k, k] / akm1k, ld[k1, k1] / akm1k
+        denom = akm1 * ak - 1
+        bkm1, bk = b2[k] / akm1k, b2[k1] / akm1k
+        b2 = b2.at[k].set((ak * bkm1 - bk) / denom).at[k1].set((akm1 * bk - bkm1) / denom)
+        return jnp.where(two, b2, b1), k + jnp.where(two, 2, 1)
+
+    def backward(state):
+        b, k = state
+        two = ipiv[k] < 0
+        kp = jnp.abs(ipiv[k]) - 1
+        below = (idx > k)[:, None]
+        b = b.at[k].add(-jnp.sum(jnp.where(below, ld[:, k][:, None] * b, 0), axis=0))
+        km1 = jnp.maximum(k - 1, 0)
+        b = jnp.where(two, b.at[km1].add(-jnp.sum(jnp.where(below, ld[:, km1][:, None] * b, 0), axis=0)), b)
+        return swap(b, k, kp), k - jnp.where(two, 2, 1)
+
+    b, _ = lax.while_loop(lambda s: s[1] < n, forward, (b, jnp.int32(0)))
+    b, _ = lax.while_loop(lambda s: s[1] >= 0, backward, (b, jnp.int32(n - 1)))
+    return b
+
+
+@lowering(aten.linalg_ldl_solve.default)
+def linalg_ldl_solve(ld, pivots, b, *, hermitian=False):
+    n = ld.shape[-1]
+    batch = jnp.broadcast_shapes(ld.shape[:-2], pivots.shape[:-1], b.shape[:-2])
+    if n == 0 or b.shape[-1] == 0:
+        return jnp.zeros(batch + b.shape[-2:], b.dtype)
+    ld = jnp.broadcast_to(ld, batch + ld.shape[-2:]).reshape((-1, n, n))
+    pivots = jnp.broadcast_to(pivots, batch + (n,)).reshape((-1, n))
+    k = b.shape[-1]
+    bb = jnp.broadcast_to(b, batch + (n, k)).reshape((-1, n, k))
+    return jax.vmap(_sytrs)(ld, pivots, bb).reshape(batch + (n, k))
