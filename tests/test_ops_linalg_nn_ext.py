@@ -430,3 +430,12 @@ def test_ldl_factor_singular_info():
     a[1] = torch.eye(3)
     with no_fallback():
         run_both(lambda x: tuple(torch.linalg.ldl_factor_ex(x)), a)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_soft_margin_loss_rounds_each_step(dtype, reduction):
+    x = torch.tensor([3.6113, -8.0703, -0.5737, 3.1289, -3.0332, 12.0], dtype=dtype)  # exp(65) overflows float16
+    y = torch.tensor([-1.0, 8.0, 1.0, -1.0, 1.0, -1.0], dtype=dtype)
+    with no_fallback():
+        run_both(lambda a, b: torch.nn.functional.soft_margin_loss(a, b, reduction=reduction), x, y)

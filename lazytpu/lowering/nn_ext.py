@@ -453,3 +453,20 @@ def ctc_loss_backward(
     inf = jnp.isinf(nll)[None, :, None]
     out = jnp.where(inf, 0 if zero_infinity else jnp.where(live, jnp.nan, 0), out)
     return out[:, 0] if unbatched else out
+
+
+@lowering(aten.soft_margin_loss.default)
+def soft_margin_loss(x, target, reduction=1):
+    """torch's CPU kernel: ``neg_out(input).mul_(target).exp_().log1p_()``, each
+    step rounded to the input's dtype (a float16 ``exp`` overflows to inf, where
+    a decomposition in float32 would not); the barriers keep XLA from fusing the
+    steps in float32."""
+    x, target = jnp.broadcast_arrays(x, target)
+    if x.dtype in (jnp.float16, jnp.bfloat16):
+        e = lax.optimization_barrier(jnp.exp(lax.optimization_barrier(-x * target)))
+        loss = lax.optimization_barrier(jnp.log1p(e))
+        if reduction == 0:
+            return loss
+        total = jnp.sum(loss.astype(jnp.float32))
+        return (total / loss.size if reduction == 1 else total).astype(x.dtype)
+    return _reduce(jnp.log1p(jnp.exp(-x * target)), reduction, x.shape)
