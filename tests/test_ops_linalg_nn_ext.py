@@ -439,3 +439,12 @@ def test_soft_margin_loss_rounds_each_step(dtype, reduction):
     y = torch.tensor([-1.0, 8.0, 1.0, -1.0, 1.0, -1.0], dtype=dtype)
     with no_fallback():
         run_both(lambda a, b: torch.nn.functional.soft_margin_loss(a, b, reduction=reduction), x, y)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_bilinear_half_rounds_as_cpu(dtype):
+    torch.manual_seed(0)
+    x1, x2 = torch.randn(7, 3, 5, dtype=dtype), torch.randn(7, 3, 4, dtype=dtype)
+    w, b = torch.randn(6, 5, 4, dtype=dtype, requires_grad=True), torch.randn(6, dtype=dtype)
+    with no_fallback():
+        run_both(torch.nn.functional.bilinear, x1, x2, w, b, grad=True, atol=0, rtol=0)
