@@ -448,3 +448,11 @@ def test_bilinear_half_rounds_as_cpu(dtype):
     w, b = torch.randn(6, 5, 4, dtype=dtype, requires_grad=True), torch.randn(6, dtype=dtype)
     with no_fallback():
         run_both(torch.nn.functional.bilinear, x1, x2, w, b, grad=True, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape, size", [((2, 3, 7, 6, 9), (3, 4, 2)), ((3, 5, 5, 4), (2, 5, 3))])
+def test_adaptive_avg_pool3d_half_sums_in_dtype(dtype, shape, size):
+    x = torch.randn(shape, dtype=dtype) * 30 + 20  # window sums past bf16's exact integers
+    with no_fallback():
+        run_both(lambda a: torch.nn.functional.adaptive_avg_pool3d(a, size), x, atol=0, rtol=0)

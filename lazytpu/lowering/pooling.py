@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from jax import lax
 
 from lazytpu.lowering.reduction import upcast
 from lazytpu.lowering.registry import lowering
@@ -224,7 +225,37 @@ def _adaptive_avg_pool(x, output_size):
 
 @lowering(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
 def adaptive_avg_pool(x, output_size):
+    if len(output_size) == 3 and x.dtype in (jnp.float16, jnp.bfloat16) and x.size and min(output_size) > 0:
+        return _adaptive_avg_pool3d_half(x, tuple(output_size))
     return _adaptive_avg_pool(x, tuple(output_size))
+
+
+def _adaptive_avg_pool3d_half(x, output_size):
+    """torch's CPU ``adaptive_avg_pool3d_out_frame`` in a half dtype: the window
+    is summed element by element in that dtype (t, then h, then w), then
+    divided by ``kT``, ``kH`` and ``kW`` in turn, each step rounded."""
+    windows, counts = x, []
+    for i, m in enumerate(output_size):
+        axis = x.ndim - 3 + 2 * i  # the axes before it were split in two
+        taps, inside = _adaptive_taps(windows.shape[axis], m)
+        windows = jnp.take(windows, jnp.asarray(taps.reshape(-1)), axis=axis)
+        windows = windows.reshape(windows.shape[:axis] + taps.shape + windows.shape[axis + 1 :])
+        mask = jnp.asarray(inside).reshape(taps.shape + (1,) * (windows.ndim - axis - 2))
+        windows = jnp.where(mask, windows, jnp.zeros((), x.dtype))
+        counts.append(inside.sum(1))
+    lead = x.ndim - 3  # windows: batch + (mT, KT, mH, KH, mW, KW) -> (KT * KH * KW, batch + (mT, mH, mW))
+    order = (lead + 1, lead + 3, lead + 5, *range(lead), lead, lead + 2, lead + 4)
+    taps = jnp.transpose(windows, order).reshape((-1,) + x.shape[:lead] + tuple(output_size))
+
+    def add(acc, v):
+        return (acc.astype(jnp.float32) + v.astype(jnp.float32)).astype(x.dtype), None
+
+    total, _ = lax.scan(add, jnp.zeros(taps.shape[1:], x.dtype), taps)
+    kt, kh, kw = (np.asarray(c, np.float32) for c in counts)
+    out = total
+    for k, shape in ((kt, (-1, 1, 1)), (kh, (-1, 1)), (kw, (-1,))):
+        out = lax.optimization_barrier((out.astype(jnp.float32) / jnp.asarray(k.reshape(shape))).astype(x.dtype))
+    return out
 
 
 def _adaptive_avg_pool_backward(grad_output, x, nd: int):
