@@ -158,3 +158,15 @@ def test_save_and_load_state_dict(tmp_path):
         assert torch.equal(model(x).cpu(), other(x).cpu())
     on_cpu = torch.load(path, map_location="cpu", weights_only=True)
     torch.testing.assert_close(on_cpu["weight"], model.weight.detach().cpu())
+
+
+def test_copies_between_host_and_device_do_not_share_memory():
+    """``.to("tpu")`` and ``.cpu()`` copy: a later in-place write on either side
+    does not show through on the other (as between CPU and CUDA)."""
+    host = torch.zeros(64, 64)
+    on_device = host.to("tpu")
+    host.add_(1)  # right after the upload, before anything syncs
+    assert on_device.sum().item() == 0.0
+    back = (on_device + 2).cpu()
+    back.add_(5)
+    assert on_device.sum().item() == 0.0 and (on_device + 2).sum().item() == 2 * 64 * 64

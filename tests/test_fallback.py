@@ -12,12 +12,19 @@ import torch
 import lazytpu
 from lazytpu import _config
 
-# An op no lowering rule, decomposition or composite covers.
-aten = torch.ops.aten
+# An op no lowering rule, decomposition or composite covers: one with only a CPU kernel.
+# (An ATen op would do until someone lowers it.)
+_DEFINE = """
+_LIB = torch.library.Library("lazytpu_fallback_test", "DEF")
+_LIB.define("twice_plus_one(Tensor x) -> Tensor")
+_LIB.impl("twice_plus_one", lambda x: x * 2 + 1, "CPU")
+"""
+exec(_DEFINE)
+OP_NAME = "lazytpu_fallback_test.twice_plus_one.default"
 
 
 def _fallback_op(x):
-    return torch.ops.aten._cdist_forward(x, x, 2.0, None)
+    return torch.ops.lazytpu_fallback_test.twice_plus_one(x)
 
 
 def test_fallback_matches_cpu_counted_and_warned_once():
@@ -30,8 +37,8 @@ def test_fallback_matches_cpu_counted_and_warned_once():
     assert a.device.type == "tpu"
     torch.testing.assert_close(a.cpu(), _fallback_op(x))
     torch.testing.assert_close(b.cpu(), _fallback_op(x))
-    assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {"aten._cdist_forward.default": 2}
-    relevant = [w for w in caught if "_cdist_forward" in str(w.message)]
+    assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {OP_NAME: 2}
+    relevant = [w for w in caught if "twice_plus_one" in str(w.message)]
     assert len(relevant) <= 1  # once per op per process
 
 
@@ -47,7 +54,7 @@ def test_fallback_off_raises_not_implemented_naming_the_op():
         try:
             _fallback_op(torch.randn(2, 2).to("tpu"))
         except NotImplementedError as exc:
-            assert "_cdist_forward" in str(exc)
+            assert "twice_plus_one" in str(exc)
         else:
             raise AssertionError("expected NotImplementedError")
 
@@ -55,12 +62,11 @@ def test_fallback_off_raises_not_implemented_naming_the_op():
 def test_fallback_env_var():
     env = dict(os.environ, LAZYTPU_CPU_FALLBACK="0")
     code = (
-        "import torch, lazytpu\n"
-        "try:\n"
-        "    torch.ops.aten._cdist_forward(torch.ones(2, 2, device='tpu'), torch.ones(2, 2, device='tpu'), 2.0, None)\n"
+        "import torch, lazytpu\n" + _DEFINE + "try:\n"
+        "    torch.ops.lazytpu_fallback_test.twice_plus_one(torch.ones(2, 2, device='tpu'))\n"
         "except NotImplementedError as e:\n"
         "    print('NIE', e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("NIE") and "_cdist_forward" in out.stdout
+    assert out.stdout.startswith("NIE") and "twice_plus_one" in out.stdout

@@ -12,7 +12,11 @@ from lazytpu.runtime.platform import device
 def from_host(array: np.ndarray, index: int = 0):
     """Copy a host array to the device (asynchronously)."""
     metrics.add("bytes_to_device", array.nbytes)
-    return jax.device_put(array, device(index))
+    # On XLA:CPU device_put may wrap the host memory instead of copying it (even with
+    # may_alias=False when the array views a torch tensor's memory), and a later in-place
+    # write to the CPU tensor would then show through on the device. A private copy is the
+    # device value's own memory.
+    return jax.device_put(np.array(array, copy=True), device(index))
 
 
 def to_host(buffer) -> np.ndarray:
