@@ -213,6 +213,15 @@ def _kwarg_device_index(kwargs) -> int | None:
     return torch.device(d).index or 0
 
 
+def _value_stride(func, m) -> tuple:
+    """An output's strides: the meta's, except for a dtype-changing view
+    computed as a value (``run_view``) whose meta strides do not cover a dense
+    block (``view_as_real`` of a diagonal): that value is stored contiguously."""
+    if torch._prims_common.is_non_overlapping_and_dense_or_false(m) or _view_kind(func) != "view":
+        return m.stride()
+    return contiguous_strides(m.shape)
+
+
 class _Plan:
     """What recording one call signature needs, computed once (Note [Plans]).
 
@@ -227,7 +236,7 @@ class _Plan:
     def __init__(self, func, template, meta_out, rule, device_index) -> None:
         metas = [meta_out] if isinstance(meta_out, torch.Tensor) else list(meta_out)
         tensors = [m for m in metas if isinstance(m, torch.Tensor)]
-        self.descs = tuple(describe(m.shape, m.stride(), 0, m.numel(), m.dtype) for m in tensors)
+        self.descs = tuple(describe(m.shape, _value_stride(func, m), 0, m.numel(), m.dtype) for m in tensors)
         out_avals = tuple(d.aval for d in self.descs)
         self.random = rule.random
         if rule.random:  # Note [Random state]: the PRNG key is the last input and output

@@ -456,3 +456,19 @@ def test_adaptive_avg_pool3d_half_sums_in_dtype(dtype, shape, size):
     x = torch.randn(shape, dtype=dtype) * 30 + 20  # window sums past bf16's exact integers
     with no_fallback():
         run_both(lambda a: torch.nn.functional.adaptive_avg_pool3d(a, size), x, atol=0, rtol=0)
+
+
+def test_dtype_changing_view_of_strided_complex():
+    """``real``/``view_as_real`` of a diagonal is computed as a value with
+    non-dense meta strides; reading it in a program must see its elements
+    (linalg_eig_backward multiplies by ``real(diag(V^H gV))``)."""
+    m, v = torch.randn(4, 4, dtype=torch.complex64), torch.randn(4, 4, dtype=torch.complex64)
+    with no_fallback():
+        run_both(lambda a, b: b * torch.real(a.diagonal()).unsqueeze(-2), m, v)
+        run_both(lambda a: torch.view_as_real(a.diagonal()) * 2, m)
+
+
+def test_linalg_eig_grad():
+    a = torch.randn(5, 5, requires_grad=True)
+    with no_fallback():
+        run_both(lambda x: torch.linalg.eig(x)[1].abs(), a, grad=True, atol=1e-4, rtol=1e-4)
