@@ -472,3 +472,26 @@ def test_linalg_eig_grad():
     a = torch.randn(5, 5, requires_grad=True)
     with no_fallback():
         run_both(lambda x: torch.linalg.eig(x)[1].abs(), a, grad=True, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "nd, stride, padding, dilation, output_padding, groups",
+    [
+        (2, (2, 2), (1, 1), (1, 1), (1, 0), 1),
+        (3, (2, 1, 2), (1, 0, 1), (1, 2, 1), (1, 0, 0), 2),
+        (1, (3,), (2,), (2,), (1,), 2),
+    ],
+)
+def test_conv_transpose_float16_col2im(nd, stride, padding, dilation, output_padding, groups):
+    torch.manual_seed(0)
+    x, w = (
+        torch.randn((2, 4) + (5,) * nd, dtype=torch.float16) * 3,
+        torch.randn((4, 3) + (3,) * nd, dtype=torch.float16),
+    )
+    bias = torch.randn(3 * groups, dtype=torch.float16)
+    fn = [None, torch.nn.functional.conv_transpose1d, torch.nn.functional.conv_transpose2d][nd] if nd < 3 else None
+    fn = fn or torch.nn.functional.conv_transpose3d
+    with no_fallback():
+        run_both(
+            lambda a, b, c: fn(a, b, c, stride, padding, output_padding, groups, dilation), x, w, bias, atol=0, rtol=0
+        )

@@ -14,6 +14,8 @@ each group, and padding ``dilation * (k - 1) - padding`` on each side (plus
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import torch
@@ -83,9 +85,41 @@ def _attrs(x, stride, padding, dilation, transposed, output_padding, groups) -> 
     return expand(stride), expand(padding), expand(dilation), transposed, expand(output_padding), groups
 
 
+def _conv_transpose_col2im(x, w, stride, padding, dilation, output_padding, groups):
+    """A float16 transposed convolution as torch's CPU ``slow_conv_transpose``:
+    one product per kernel tap (``gemm``: float32 accumulation over the input
+    channels, rounded to float16), then ``col2im`` adds the taps into the
+    output one by one, in tap order, each sum rounded to float16."""
+    nd = x.ndim - 2
+    n, cin, space, taps = x.shape[0], x.shape[1], x.shape[2:], w.shape[2:]
+    cout_g = w.shape[1]
+    out_size = [
+        (space[i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (taps[i] - 1) + output_padding[i] + 1
+        for i in range(nd)
+    ]
+    xg = x.reshape((n, groups, cin // groups) + space).astype(jnp.float32)
+    wg = w.reshape((groups, cin // groups, cout_g) + taps).astype(jnp.float32)
+    sp, kk = "xyz"[:nd], "uvw"[:nd]
+    cols = jnp.einsum(f"ngc{sp},gco{kk}->ngo{kk}{sp}", xg, wg, precision=jax.lax.Precision.HIGHEST)
+    cols = cols.astype(x.dtype).reshape((n, groups * cout_g) + taps + space)
+    out = jnp.zeros((n, groups * cout_g) + tuple(out_size), x.dtype)
+    for tap in itertools.product(*(range(k) for k in taps)):
+        config = [(0, 0, 0), (0, 0, 0)]
+        for i in range(nd):
+            low = tap[i] * dilation[i] - padding[i]
+            config.append((low, out_size[i] - low - (space[i] - 1) * stride[i] - 1, stride[i] - 1))
+        placed = jax.lax.pad(cols[(slice(None), slice(None), *tap)], jnp.zeros((), x.dtype), config)
+        out = (out.astype(jnp.float32) + placed.astype(jnp.float32)).astype(x.dtype)
+    return out
+
+
 @lowering(aten.convolution.default, aten.convolution_overrideable.default)
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
-    out = conv(x, w, *_attrs(x, stride, padding, dilation, transposed, output_padding, groups))
+    attrs = _attrs(x, stride, padding, dilation, transposed, output_padding, groups)
+    if transposed and x.dtype == jnp.float16 and x.size and w.size:
+        out = _conv_transpose_col2im(x, w, attrs[0], attrs[1], attrs[2], attrs[4], groups)
+    else:
+        out = conv(x, w, *attrs)
     if bias is not None:
         out = out + bias.reshape((1, -1) + (1,) * (x.ndim - 2))
     return out
