@@ -495,3 +495,16 @@ def test_conv_transpose_float16_col2im(nd, stride, padding, dilation, output_pad
         run_both(
             lambda a, b, c: fn(a, b, c, stride, padding, output_padding, groups, dilation), x, w, bias, atol=0, rtol=0
         )
+
+
+@pytest.mark.parametrize("output_padding", [(1, 0), (2, 3)])  # (2, 3) >= stride: torch leaves oneDNN for col2im
+def test_conv_transpose_bfloat16_paths(output_padding):
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 2, 4, 4, dtype=torch.bfloat16) * 3, torch.randn(2, 2, 4, 5, dtype=torch.bfloat16)
+    bias = torch.randn(4, dtype=torch.bfloat16)
+
+    def fn(a, b, c):
+        return torch.nn.functional.conv_transpose2d(a, b, c, (3, 2), (1, 2), output_padding, 2, (4, 4))
+
+    with no_fallback():
+        run_both(fn, x, w, bias, atol=0, rtol=0)

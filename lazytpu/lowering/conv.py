@@ -86,10 +86,10 @@ def _attrs(x, stride, padding, dilation, transposed, output_padding, groups) -> 
 
 
 def _conv_transpose_col2im(x, w, stride, padding, dilation, output_padding, groups):
-    """A float16 transposed convolution as torch's CPU ``slow_conv_transpose``:
+    """A half transposed convolution as torch's CPU ``slow_conv_transpose``:
     one product per kernel tap (``gemm``: float32 accumulation over the input
-    channels, rounded to float16), then ``col2im`` adds the taps into the
-    output one by one, in tap order, each sum rounded to float16."""
+    channels, rounded to the half dtype), then ``col2im`` adds the taps into
+    the output one by one, in tap order, each sum rounded."""
     nd = x.ndim - 2
     n, cin, space, taps = x.shape[0], x.shape[1], x.shape[2:], w.shape[2:]
     cout_g = w.shape[1]
@@ -113,10 +113,21 @@ def _conv_transpose_col2im(x, w, stride, padding, dilation, output_padding, grou
     return out
 
 
+def _slow_conv_transpose(dtype, stride, output_padding) -> bool:
+    """Whether torch's CPU convolution takes ``slow_conv_transpose`` (col2im)
+    for a half transposed convolution rather than oneDNN (one rounding of a
+    float32 result): ``ConvParams::use_mkldnn`` refuses an output padding as
+    large as the stride, and float16 wherever the CPU lacks oneDNN's float16
+    support (AVX512-FP16; not here), bfloat16 where it lacks bfloat16 support."""
+    if dtype == jnp.float16:
+        return True
+    return dtype == jnp.bfloat16 and any(p >= s for p, s in zip(output_padding, stride))
+
+
 @lowering(aten.convolution.default, aten.convolution_overrideable.default)
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     attrs = _attrs(x, stride, padding, dilation, transposed, output_padding, groups)
-    if transposed and x.dtype == jnp.float16 and x.size and w.size:
+    if transposed and x.size and w.size and _slow_conv_transpose(x.dtype, attrs[0], attrs[4]):
         out = _conv_transpose_col2im(x, w, attrs[0], attrs[1], attrs[2], attrs[4], groups)
     else:
         out = conv(x, w, *attrs)
