@@ -109,6 +109,15 @@ def run_both(fn, *inputs, mode_name: str = "defer", grad: bool = False, **tol):
     return actual
 
 
+@contextlib.contextmanager
+def no_fallback():
+    """Fail if anything inside the block falls back to CPU."""
+    before = dict(lazytpu.metrics.snapshot()["cpu_fallbacks"])
+    yield
+    after = lazytpu.metrics.snapshot()["cpu_fallbacks"]
+    assert after == before, f"CPU fallback: {set(after) - set(before)}"
+
+
 def programs_run(fn) -> int:
     """How many programs ``fn`` executed."""
     lazytpu.sync()

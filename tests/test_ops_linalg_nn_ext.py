@@ -3,22 +3,9 @@ without CPU fallback; checks that validate values raise torch's errors."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
-from conftest import programs_run, run_both
-
-import lazytpu
-
-
-@contextlib.contextmanager
-def no_fallback():
-    before = dict(lazytpu.metrics.snapshot()["cpu_fallbacks"])
-    yield
-    after = lazytpu.metrics.snapshot()["cpu_fallbacks"]
-    assert after == before, f"CPU fallback: {set(after) - set(before)}"
-
+from conftest import no_fallback, programs_run, run_both
 
 # -- _linalg_check_errors (Note [Deferred checks]) ------------------------------
 

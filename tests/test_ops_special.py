@@ -5,26 +5,15 @@ to float, and gradients through the backward ops."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import run_both
-
-import lazytpu
+from conftest import no_fallback, run_both
 
 F32, F64, I64, I32, BF16, F16 = torch.float32, torch.float64, torch.int64, torch.int32, torch.bfloat16, torch.float16
 INF, NAN = math.inf, math.nan
-
-
-@contextlib.contextmanager
-def no_fallback():
-    before = dict(lazytpu.metrics.snapshot()["cpu_fallbacks"])
-    yield
-    after = lazytpu.metrics.snapshot()["cpu_fallbacks"]
-    assert after == before, f"CPU fallback: {set(after) - set(before)}"
 
 
 def values(*xs, dtype=F64):
