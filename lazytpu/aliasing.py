@@ -69,8 +69,8 @@ def read(t: LazyTensor):
         node = _node(VIEW_READ, (base,), _window_kwargs(t), Aval(tuple(t.shape), t.dtype))
         value = Output(node, 0)
         t._lt_cache = (base, value)
-        ctx.recorded(node)
-    return t._lt_cache[1]
+        ctx.recorded(node, flush=False)  # no storage holds ``value``: its consumer flushes
+    return value
 
 
 def write(t: LazyTensor, src: LazyTensor) -> None:

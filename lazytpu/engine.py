@@ -109,14 +109,20 @@ class DeviceContext:
             self.graph.rng = Data(runtime.from_host(array, self.index), RNG_AVAL)
 
     # -- record / flush -------------------------------------------------
-    def recorded(self, node: Node) -> None:
+    def recorded(self, node: Node, flush: bool = True) -> None:
         """Called after a node is recorded: strict mode flushes here.
 
         ``ops_recorded`` is counted here without the metrics lock (we hold the
         graph's) and folded into the metrics at each flush and snapshot.
+        ``flush=False`` for a node whose output is not bound to any storage
+        yet (a view's read, an input of the op being recorded): a flush now
+        could donate a buffer that output still needs (Note [Donation]); the
+        op that consumes it flushes.
         """
         self.graph.pending_ops += 1
         self.unfolded_ops += 1
+        if not flush:
+            return
         if MODE.current is not EagerMode.DEFER_AND_FUSE:
             self.flush("strict")
         elif self.graph.pending_ops >= _config.MAX_PENDING_OPS.get():
