@@ -80,10 +80,16 @@ def write(t: LazyTensor, src: LazyTensor) -> None:
     if src.shape != t.shape:
         src = torch.ops.aten.expand.default(src, list(t.shape))
     write_value(t, read(src))
+    if t._lt_window is not None:
+        context(t.device.index or 0).flush_if_due()
 
 
 def write_value(t: LazyTensor, value) -> None:
-    """Make ``t`` hold the IR ``value`` (already of ``t``'s shape and dtype)."""
+    """Make ``t`` hold the IR ``value`` (already of ``t``'s shape and dtype).
+
+    Never flushes: an op binding several outputs flushes once all are bound
+    (``recorded``; Note [Donation]).
+    """
     storage = t._lt_storage
     if t._lt_window is None:
         storage.bind(value)
@@ -93,7 +99,7 @@ def write_value(t: LazyTensor, value) -> None:
         node = _node(VIEW_WRITE, (storage.value, value), _window_kwargs(t), storage.value.aval)
         storage.bind(Output(node, 0))
         t._lt_cache = (storage.value, value)
-        ctx.recorded(node)
+        ctx.recorded(node, flush=False)
 
 
 def rebind_metadata(t: LazyTensor, fresh: LazyTensor) -> None:

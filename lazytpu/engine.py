@@ -114,15 +114,18 @@ class DeviceContext:
 
         ``ops_recorded`` is counted here without the metrics lock (we hold the
         graph's) and folded into the metrics at each flush and snapshot.
-        ``flush=False`` for a node whose output is not bound to any storage
-        yet (a view's read, an input of the op being recorded): a flush now
-        could donate a buffer that output still needs (Note [Donation]); the
-        op that consumes it flushes.
+        ``flush=False`` while some output is not bound to a storage yet (a
+        view's read, an input of the op being recorded; an op's outputs bound
+        one by one): a flush then could donate a buffer that output still
+        needs (Note [Donation]). The op flushes once all are bound.
         """
         self.graph.pending_ops += 1
         self.unfolded_ops += 1
-        if not flush:
-            return
+        if flush:
+            self.flush_if_due()
+
+    def flush_if_due(self) -> None:
+        """Strict mode flushes after each op, deferred mode at the graph cap."""
         if MODE.current is not EagerMode.DEFER_AND_FUSE:
             self.flush("strict")
         elif self.graph.pending_ops >= _config.MAX_PENDING_OPS.get():

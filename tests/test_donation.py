@@ -141,3 +141,24 @@ def test_view_read_still_donates_the_old_buffer():
         lazytpu.sync()
         assert old.is_deleted()
         assert c.cpu().flatten().tolist() == [-4.0, 2.0, 8.0, 14.0]
+
+
+def _compiled_mutation_of_view_and_tensor(device):
+    def step(a, b):
+        a.add_(1)
+        b.mul_(2)
+        return a.sum()
+
+    run = torch.compile(step, backend="tpu") if device == "tpu" else step
+    base = torch.arange(8.0).to(device)
+    other = torch.arange(4.0).to(device)
+    base.cpu()
+    other.copy_(base[4:])  # ``other`` now reads base's buffer too
+    # binding the view's result must not donate base's buffer before ``other``'s result, which reads it, is bound
+    total = run(base[:4], other)
+    return base.cpu(), other.cpu(), total.cpu()
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+def test_compiled_program_mutating_a_view_and_a_tensor(mode):
+    _assert_matches_cpu(_compiled_mutation_of_view_and_tensor, mode)
