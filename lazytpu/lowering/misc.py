@@ -117,6 +117,8 @@ def hash_tensor(x, dim=(), *, keepdim=False, mode=0):
     """XOR of the values' bits: floats as float64, integers as int64 (mode 0)."""
     wide = jnp.float64 if jnp.issubdtype(x.dtype, jnp.floating) else jnp.int64
     bits = lax.bitcast_convert_type(x.astype(wide), jnp.uint64)
-    axes = tuple(range(x.ndim)) if not dim else tuple(sorted(d % x.ndim for d in dim))
+    if x.ndim == 0:  # a 0-d input is its own hash; dim 0 and -1 name it (as for sum)
+        return bits
+    axes = tuple(range(x.ndim)) if not dim else tuple(sorted({d % x.ndim for d in dim}))
     out = lax.reduce(bits, jnp.uint64(0), lax.bitwise_xor, axes)
     return jnp.expand_dims(out, axes) if keepdim else out
