@@ -406,10 +406,5 @@ def test_gpt2_training_step_matches_cpu():
         def forward(self, x):
             return self.lm(input_ids=x, labels=x, use_cache=False).loss
 
-        def to(self, *args, **kwargs):
-            moved = super().to(*args, **kwargs)
-            moved.lm.tie_weights()  # moving to tpu unties shared parameters (a core issue)
-            return moved
-
     _compare_training(_GPT2Loss, ids, ids, lambda loss, _: loss, lambda p: torch.optim.AdamW(p, lr=1e-3))
     assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {}
