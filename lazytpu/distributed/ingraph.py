@@ -26,7 +26,6 @@ gloo (tested), but on TPU keep sync points identical on every rank.
 from __future__ import annotations
 
 import functools
-import threading
 import time
 import warnings
 
@@ -41,6 +40,7 @@ from lazytpu.engine import context
 from lazytpu.ir import Aval, Node, Output
 from lazytpu.ir.template import Slot, Template
 from lazytpu.lowering.registry import lowering
+from lazytpu.runtime import executor
 from lazytpu.tensor import LazyTensor
 
 COLLECTIVE = "lazytpu.collective"
@@ -81,20 +81,6 @@ def record(name: str, mesh, source: LazyTensor, outputs: list[LazyTensor], **sta
 # -- running programs over a mesh ---------------------------------------------------------
 
 
-class _ProgramCache:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.entries: dict = {}
-
-    def clear(self) -> None:
-        with self.lock:
-            self.entries.clear()
-
-
-_CACHE = _ProgramCache()
-_caches.register("distributed_ingraph_programs", _CACHE.clear)
-
-
 @functools.cache
 def _runner(mesh):
     return functools.partial(execute, mesh=mesh)
@@ -126,19 +112,7 @@ def execute(key, make_fn, inputs: list, *, mesh, index: int = 0, blocking: bool 
         jax.make_array_from_single_device_arrays(a.shape, sharding, [a]) if isinstance(a, jax.Array) else a
         for a in inputs
     ]
-    key = (key, mesh)
-    compiled = _CACHE.entries.get(key)
-    if compiled is None:
-        metrics.add("cache_misses")
-        compiled = _compile(make_fn(), args, mesh, tuple(donate), on_compile)
-        with _CACHE.lock:
-            _CACHE.entries[key] = compiled
-    else:
-        metrics.add("cache_hits")
-    start = time.perf_counter()
-    outs = compiled(*args)
-    if blocking:
-        jax.block_until_ready(outs)
-    metrics.add("execute_seconds", time.perf_counter() - start)
-    metrics.add("programs_executed")
+    outs = executor.run_program(
+        (key, mesh), lambda: _compile(make_fn(), args, mesh, tuple(donate), on_compile), args, blocking
+    )
     return tuple(o.addressable_data(0) for o in outs)

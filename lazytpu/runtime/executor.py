@@ -66,10 +66,16 @@ def execute(
         on_compile: called with the ``jax.stages.Lowered`` on a cache miss
             (recompile explanations, dumps).
     """
+    return run_program(key, lambda: _compile(key, make_fn(), inputs, index, donate, on_compile), inputs, blocking)
+
+
+def run_program(key, compile_fn, args: list, blocking: bool = False):
+    """Run the cached program ``key`` on ``args``, compiling it with
+    ``compile_fn()`` on a miss (also the runner of ``distributed.ingraph``)."""
     compiled = _CACHE.entries.get(key)
     if compiled is None:
         metrics.add("cache_misses")
-        compiled = _compile(key, make_fn(), inputs, index, donate, on_compile)
+        compiled = compile_fn()
         with _CACHE.lock:
             _CACHE.misses += 1
             _CACHE.entries[key] = compiled
@@ -78,7 +84,7 @@ def execute(
         with _CACHE.lock:
             _CACHE.hits += 1
     start = time.perf_counter()
-    outputs = compiled(*inputs)
+    outputs = compiled(*args)
     if blocking:
         jax.block_until_ready(outputs)
     metrics.add("execute_seconds", time.perf_counter() - start)
