@@ -202,10 +202,24 @@ def _first_use(program, slot: int) -> str:
     return "unused"
 
 
+# Note [Recompiles explained elsewhere]: an op whose static argument says it
+# was already explained where it was made (a compiled graph's new input
+# signature: ``lazytpu.compile.explain``) is not explained, nor counted, again
+# for the program holding it: neither its static argument nor the inputs it
+# uses first.
+def _explained_elsewhere(op) -> bool:
+    return any(getattr(v, "recompile_explained", False) for _, v in getattr(op.spec, "kwargs", ()))
+
+
+def _first_user(program, slot: int):
+    return next((op for op in program.ops if ("in", slot) in op.inputs), None)
+
+
 def _differences(old, new) -> list[tuple[str, str]]:
     """(reason, detail) pairs explaining how ``new`` differs from ``old``."""
     out = []
     if _signature(old) == _signature(new):
+        elsewhere = {id(b) for a, b in zip(old.ops, new.ops) if a.spec != b.spec and _explained_elsewhere(b)}
         if len(old.input_kinds) != len(new.input_kinds):
             out.append(
                 (
@@ -215,10 +229,12 @@ def _differences(old, new) -> list[tuple[str, str]]:
                 )
             )
         for i, (a, b) in enumerate(zip(old.input_kinds, new.input_kinds)):
-            if a != b:
+            if a != b and not (elsewhere and id(_first_user(new, i)) in elsewhere):
                 what = "shape" if getattr(a, "dtype", None) == getattr(b, "dtype", None) else "dtype"
                 out.append((f"input {what} changed", f"input %in{i} ({_first_use(new, i)}): {_kind(a)} -> {_kind(b)}"))
         for j, (a, b) in enumerate(zip(old.ops, new.ops)):
+            if id(b) in elsewhere:
+                continue
             if a.spec != b.spec:
                 where = f" at {b.source}" if b.source else ""
                 out.append(
@@ -231,7 +247,7 @@ def _differences(old, new) -> list[tuple[str, str]]:
                         f"%{j} {b.op}: ({', '.join(map(_ref, a.inputs))}) -> ({', '.join(map(_ref, b.inputs))})",
                     )
                 )
-        if not out and old.outputs != new.outputs:
+        if not out and not elsewhere and old.outputs != new.outputs:
             out.append(("outputs changed", "a different set of live tensors was materialized"))
         return out
     matcher = difflib.SequenceMatcher(a=_signature(old), b=_signature(new), autojunk=False)

@@ -90,8 +90,11 @@ def _dump_graph(program, parts: tuple) -> None:
         (root / f"{name}.fx.py").write_text(program.code)
 
 
-def observe_compile(program, parts: tuple) -> None:
-    """Called once per new input signature of an FX graph (what makes a new program)."""
+def observe_compile(program, parts: tuple) -> bool:
+    """Called once per new input signature of an FX graph (what makes a new
+    program); whether it explained a recompile (the engine then does not
+    explain the program holding the graph again: Note [Recompiles explained
+    elsewhere] in ``lazytpu.debug``)."""
     _dump_graph(program, parts)
     with _HISTORY.lock:
         _HISTORY.count += 1
@@ -99,7 +102,7 @@ def observe_compile(program, parts: tuple) -> None:
         previous = _HISTORY.last.get(program.family)
         _HISTORY.last[program.family] = (number, program, parts)
     if previous is None:
-        return
+        return False
     n, old_program, old_parts = previous
     diffs = _differences(old_program, old_parts, program, parts)
     header = (
@@ -109,6 +112,7 @@ def observe_compile(program, parts: tuple) -> None:
     debug.report_recompile(header, diffs)
     with _HISTORY.lock:
         _HISTORY.explanations.append(debug.explain()[-1])
+    return True
 
 
 def _family(family) -> str:

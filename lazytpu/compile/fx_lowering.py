@@ -513,7 +513,7 @@ class GraphProgram:
         if self.random:
             out_avals += (RNG_AVAL,)
         template = Template(tuple(Slot(i) for i in range(n_inputs)), (("graph", call),))
-        observe_compile(self, parts)
+        call.recompile_explained = observe_compile(self, parts)  # Note [Recompiles explained elsewhere] in debug
         return _CallPlan(op, template, out_avals, op_sig(op, template, out_avals), tuple(descs))
 
     @torch.compiler.disable  # Note [Dynamo hooks], 3: nothing below is user code
@@ -603,10 +603,11 @@ class GraphCall:
     signature it is called with. Equal (and hashed) by the graph's code and
     the signature, so graphs with equal code share programs."""
 
-    __slots__ = ("program", "parts", "bindings", "key", "_hash")
+    __slots__ = ("program", "parts", "bindings", "key", "_hash", "recompile_explained")
 
     def __init__(self, program: GraphProgram, parts: tuple, bindings: dict) -> None:
         self.program, self.parts, self.bindings = program, parts, bindings
+        self.recompile_explained = False  # the compile side explained this signature (a recompile)
         self.key = (program.key, parts, tuple(sorted(bindings.items(), key=str)))
         self._hash = hash(self.key)
 
