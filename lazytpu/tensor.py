@@ -11,6 +11,8 @@ from collections import OrderedDict
 
 import torch
 
+from lazytpu import _caches
+
 _DEVICES: dict[int, torch.device] = {}
 # The dispatcher lives in lazytpu.dispatch (which imports this module); it
 # installs itself here with ``set_dispatcher``.
@@ -49,6 +51,9 @@ class TensorDesc:
 
 
 _DESCS: dict[tuple, TensorDesc] = {}
+# Cleared with the plans keyed by these descriptors' identities (dispatch): a
+# tensor made before the clear keeps its old descriptor, which then just misses.
+_caches.register("tensor_descriptors", _DESCS.clear)
 
 
 def describe(shape, stride, offset: int, storage_numel: int, dtype: torch.dtype) -> TensorDesc:

@@ -13,6 +13,8 @@ from typing import Any
 import attrs
 import torch
 
+from lazytpu import _caches
+
 
 @attrs.frozen(slots=True)
 class Aval:
@@ -110,6 +112,9 @@ class OpSig:
 
 
 _SIGS: dict[tuple, OpSig] = {}
+# Cleared with the program caches: a node recorded before the clear keeps its
+# old OpSig, so a program mixing old and new ones gets a new key (a miss, never a wrong hit).
+_caches.register("op_signatures", _SIGS.clear)
 
 
 def op_sig(op, spec, out_avals) -> OpSig:
