@@ -164,7 +164,8 @@ print(json.dumps({"steps": after_steps["syncs"], "executed": after_steps["progra
 def _step_run(**env) -> dict:
     import json
 
-    out = _python(_STEP_SCRIPT, dict(os.environ, **env))
+    flags = ("LAZYTPU_SYNC_ON_OPTIMIZER_STEP", "LAZYTPU_MAX_PENDING_OPS")
+    out = _python(_STEP_SCRIPT, {**{k: v for k, v in os.environ.items() if k not in flags}, **env})
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
