@@ -53,7 +53,7 @@ from lazytpu import _caches, _dtypes, hostio
 from lazytpu.aliasing import contiguous_strides, new_tensor_of, write_value
 from lazytpu.compile.explain import observe_compile
 from lazytpu.engine import RNG_AVAL, context
-from lazytpu.ir import Aval, Node, Output, Scalar
+from lazytpu.ir import Aval, Node, Output, Scalar, Storage
 from lazytpu.ir.node import op_sig
 from lazytpu.ir.template import Slot, Template, fill, flatten
 from lazytpu.lowering import apply_op, get_rule, lowering
@@ -235,6 +235,58 @@ def _view_chain(node) -> tuple:
     return node, chain[::-1]
 
 
+# Host ops a run of which runs as one ``_foreach`` call (Note [Host nodes]): an
+# optimizer's step counters are a run of ``add`` and one of ``copy_``, as eager's
+# single ``_foreach_add_`` call.
+# op -> (its ``_foreach`` form, how many leading arguments are per element, how many arguments it takes).
+_HOST_FOREACH = {
+    aten.add.Scalar: (aten._foreach_add.Scalar, 1, 2),  # add(x, scalar): the scalar is shared
+    aten.copy_.default: (aten._foreach_copy_.default, 2, 2),  # copy_(dst, src)
+}
+
+
+def _host_runs(host_nodes: list) -> list[list]:
+    """``host_nodes`` in runs: consecutive nodes of one ``_HOST_FOREACH`` op,
+    independent of each other, with equal shared arguments."""
+    runs: list[list] = []
+    for node in host_nodes:
+        run = runs[-1] if runs else None
+        form = _HOST_FOREACH.get(node.target)
+        if (
+            run is not None
+            and form is not None
+            and node.target is run[0].target
+            and not node.kwargs
+            and len(node.args) == len(run[0].args) == form[2]
+            and node.args[form[1] :] == run[0].args[form[1] :]
+            and not any(a in run for a in node.all_input_nodes)
+        ):
+            run.append(node)
+        else:
+            runs.append([node])
+    return runs
+
+
+def _host_function(graph_inputs: list, host_nodes: list):
+    """The host nodes as one generated Python function (Note [Host nodes]):
+    graph inputs in, the host nodes' results out, in order; a run of equal
+    element ops as one ``_foreach`` call."""
+    graph = torch.fx.Graph()
+    env = {node: graph.placeholder(node.name) for node in graph_inputs}
+    for run in _host_runs(host_nodes):
+        if len(run) == 1:
+            env[run[0]] = graph.node_copy(run[0], env.__getitem__)
+            continue
+        op, per_element, _ = _HOST_FOREACH[run[0].target]
+        lists = tuple([env[n.args[i]] for n in run] for i in range(per_element))
+        shared = torch.fx.node.map_arg(run[0].args[per_element:], env.__getitem__)
+        out = graph.call_function(op, (*lists, *shared))
+        for i, n in enumerate(run):  # an in-place op returns its first argument
+            env[n] = env[n.args[0]] if op._schema.is_mutable else graph.call_function(operator.getitem, (out, i))
+    graph.output(tuple(env[node] for node in host_nodes))
+    return torch.fx.GraphModule(torch.nn.Module(), graph).forward
+
+
 def _get_attr(gm, target: str):
     return functools.reduce(getattr, target.split("."), gm)
 
@@ -352,9 +404,14 @@ class GraphProgram:
         # The program's inputs: graph inputs and host results that device nodes read.
         self.feeds = [n for n in graph_inputs if n in used] + [n for n in self.host_nodes if n in used]
         self.feed_names = [n.name for n in self.feeds]
-        position = {n: i for i, n in enumerate(graph_inputs)}
-        self.feed_sources = [position.get(n, n) for n in self.feeds]  # int: graph input; Node: host result
+        # Per call, the values are the graph inputs followed by the host results: an
+        # index into them says where each feed (and each host output) comes from.
+        position = {n: i for i, n in enumerate(graph_inputs + self.host_nodes)}
+        self.feed_sources = [position[n] for n in self.feeds]
+        self.outputs = [("host", position[o[1]] - len(graph_inputs)) if o[0] == "host" else o for o in self.outputs]
+        self._host_fn = _host_function(graph_inputs, self.host_nodes) if self.host_nodes else None
         self.plans: dict = {}  # call signature -> _CallPlan
+        self._last: tuple | None = None  # (signature, plan) of the last call: steady state's lookup
 
     def _call_step(self, node) -> _Step:
         template, slots = flatten(node.args, node.kwargs, _pick_node)
@@ -461,19 +518,11 @@ class GraphProgram:
 
     # -- calling -----------------------------------------------------------
 
-    def _run_host(self, values: list) -> dict:
-        """Run the host nodes on CPU torch (Note [Host nodes])."""
-        env = dict(zip(self.graph_inputs, values))
-        for node in self.host_nodes:
-            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), env.__getitem__)
-            env[node] = node.target(*args, **kwargs)
-        return env
-
-    def _signature(self, values: list, host: dict, index: int) -> tuple[tuple, list]:
+    def _signature(self, values: list, index: int) -> tuple[tuple, list]:
         """(signature parts, IR input values) of the call (Note [Graph signatures])."""
         parts, inputs = [], []
         for s in self.feed_sources:
-            v = values[s] if type(s) is int else host[s]
+            v = values[s]
             t = type(v)
             if t is LazyTensor:
                 storage = v._lt_storage
@@ -524,26 +573,40 @@ class GraphProgram:
         ctx = context(index)
         passthrough = [args[o[1]] for o in self.outputs if o[0] == "input"]
         targets = [args[m[0]] for m in self.mutated]
-        host = self._run_host(values) if self.host_nodes else {}
+        if self._host_fn is not None:  # Note [Host nodes]
+            values = [*values, *self._host_fn(*values)]
         bindings = self._bindings(values) if self.symbolic else {}
-        with ctx.graph.lock:
-            parts, inputs = self._signature(values, host, index)
+        graph = ctx.graph
+        with graph.lock:
+            parts, inputs = self._signature(values, index)
+            host = values[len(self.graph_inputs) :] if self._host_fn is not None else ()
             args.clear()
-            del values
+            del values  # (strict mode runs the node below: inputs nothing else holds are donated)
             signature = (parts, tuple(sorted(bindings.items(), key=str))) if bindings else parts
-            plan = self.plans.get(signature)
-            if plan is None:
-                plan = self.plans[signature] = self._plan(parts, bindings)
+            last = self._last
+            if last is not None and last[0] == signature:  # equal elements are mostly the same objects: no hashing
+                plan = last[1]
+            else:
+                plan = self.plans.get(signature)
+                if plan is None:
+                    plan = self.plans[signature] = self._plan(parts, bindings)
+                self._last = (signature, plan)
             if self.random:
                 inputs.append(ctx.rng_value())
             node = Node(plan.op, plan.template, tuple(inputs), plan.out_avals, static=plan.static)
             if self.random:
-                ctx.graph.rng = Output(node, len(plan.out_avals) - 1)
-            made = [new_tensor_of(Output(node, k), plan.descs[k], index) for k in range(self.made_outputs)]
+                graph.rng = Output(node, len(plan.out_avals) - 1)
+            descs = plan.descs
+            made = [
+                LazyTensor(Storage(Output(node, k), graph, descs[k].stride), descs[k], index, True)
+                for k in range(self.made_outputs)
+            ]
             copies = []
             for t, (_, k, on_host) in zip(targets, self.mutated):
                 if on_host:
-                    copies.append((t, new_tensor_of(Output(node, k), plan.descs[k], index)))
+                    copies.append((t, new_tensor_of(Output(node, k), descs[k], index)))
+                elif t._lt_window is None:
+                    t._lt_storage.bind(Output(node, k))  # write_value's fast path
                 else:
                     write_value(t, Output(node, k))
             ctx.recorded(node)  # strict mode runs it now
@@ -561,7 +624,7 @@ class GraphProgram:
             _bind(meta, value, bindings)
         return bindings
 
-    def _wrap(self, made: list, passthrough: list, host: dict, bindings: dict) -> list:
+    def _wrap(self, made: list, passthrough: list, host, bindings: dict) -> list:
         result = []
         it = iter(passthrough)
         on_host: dict[int, torch.Tensor] = {}
