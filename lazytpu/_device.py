@@ -7,7 +7,9 @@ This is the one module that touches torch's global registration tables.
 from __future__ import annotations
 
 import torch
+from torch.optim import optimizer as _optimizer
 from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils import _foreach_utils
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from lazytpu import _config, autocast, sdpa, tpu
@@ -15,6 +17,7 @@ from lazytpu.dispatch import record
 from lazytpu.engine import context
 from lazytpu.lowering import get_rule
 from lazytpu.module_conversion import keep_parameters
+from lazytpu.tensor import LazyTensor
 
 aten = torch.ops.aten
 
@@ -109,6 +112,13 @@ def register() -> None:
     # Note [Module conversion]: the one patch of a torch class, so that
     # ``model.to("tpu")`` keeps Parameters (and tied weights) as CUDA does.
     torch.nn.Module._apply = keep_parameters(torch.nn.Module._apply)
+    # Note [Foreach optimizers]: torch.optim takes its ``foreach`` path only
+    # for tensors whose type is listed in these two tables; tpu tensors join
+    # them (as DTensor does) so that optimizers default to it on tpu as on
+    # CUDA, and each ``_foreach_*`` op records one node (Note [Foreach nodes]).
+    for table in (_optimizer._foreach_supported_types, _foreach_utils._foreach_supported_types):
+        if LazyTensor not in table:
+            table.append(LazyTensor)
     # Note [Backward on the caller's thread]: autograd would run tpu backward
     # ops on a device worker thread. That thread can still be dropping its
     # last references to tpu tensors when the interpreter shuts down, which

@@ -45,7 +45,9 @@ def route(func) -> str | None:
         return "lowered"
     name = func._schema.name
     if name.startswith("aten::_foreach_"):
-        return "decomposed" if dispatch._foreach_element_op(func) is not None else None
+        from lazytpu.foreach import element_op
+
+        return "decomposed" if element_op(func) is not None else None
     if dispatch._is_inplace(func) or dispatch._out_args(func):
         functional = dispatch._functional_of(func)
         if functional is not None and dispatch._resolves(functional):

@@ -7,7 +7,7 @@ Order of resolution for an op (Note [Resolution order]):
 3. a lowering rule: the op is recorded (meta kernel for avals and errors);
 4. an in-place or ``out=`` form of an op that resolves: run the functional
    op, then write the result into the target (``writes``);
-5. ``_foreach_*``: one call per list element;
+5. ``_foreach_*``: one node (Note [Foreach nodes]), else one call per list element;
 6. torch's decomposition table, then CompositeImplicit decomposition, then
    a ``torch.library.custom_op``'s Python body;
 7. CPU fallback (counted, warned once per op), or NotImplementedError when
@@ -822,66 +822,6 @@ def _map_tensors(x, kind, fn):
 
 # -- foreach -------------------------------------------------------------------
 
-_FOREACH_ELEMENT = {"norm": aten.linalg_vector_norm.default}
-_OVERLOAD_ELEMENT = {
-    "List": ("Tensor", "default"),
-    "ScalarList": ("Scalar", "default"),
-    "Tensor": ("Tensor", "default"),
-    "Scalar": ("Scalar", "default"),
-    "default": ("default",),
-    "ScalarAndTensor": ("Scalar", "Tensor_Scalar"),
-}
-
-
-@functools.cache
-def _foreach_element_op(func):
-    name = func._schema.name.split("::")[-1][len("_foreach_") :]
-    inplace = name.endswith("_")
-    base = name[:-1] if inplace else name
-    if base in _FOREACH_ELEMENT:
-        return _FOREACH_ELEMENT[base]
-    packet = getattr(aten, base + ("_" if inplace else ""), None)
-    if packet is None:
-        return None
-    candidates = _OVERLOAD_ELEMENT.get(func._overloadname, (func._overloadname,))
-    if base == "pow" and func._overloadname == "ScalarAndTensor":
-        candidates = ("Scalar",)
-    for overload in candidates:
-        if overload in packet.overloads():
-            return getattr(packet, overload)
-    return None
-
-
-def run_foreach(func, args, kwargs):
-    """``_foreach_op(lists...)`` as one ``op`` call per list element."""
-    element = _foreach_element_op(func)
-    if element is None:
-        return None
-    # Positional foreach args beyond the element op's positional ones are
-    # keyword-only there (e.g. addcmul's ``value``).
-    n_positional = sum(1 for a in element._schema.arguments if not a.kwarg_only)
-    names = [a.name for a in func._schema.arguments]
-    element_kwargs = [a.name for a in element._schema.arguments if a.kwarg_only]
-    head = args[:n_positional]
-    tail = {}
-    for i, a in enumerate(args[n_positional:], n_positional):
-        name = names[i]
-        if name not in element_kwargs and len(element_kwargs) == 1:
-            name = element_kwargs[0]  # e.g. foreach ``scalars`` -> ``value``
-        if isinstance(a, torch.Tensor) and func._schema.arguments[i].name == "scalars":
-            a = a.tolist()  # one scalar per element (a host read, as torch's own loop)
-        tail[name] = a
-    n = len(next(a for a in args if isinstance(a, (list, tuple))))
-    results = []
-    for i in range(n):
-        call = tuple(a[i] if isinstance(a, (list, tuple)) else a for a in head)
-        extra = {k: (v[i] if isinstance(v, (list, tuple)) else v) for k, v in {**tail, **kwargs}.items()}
-        results.append(element(*call, **extra))
-    if _is_inplace(func) or func._schema.returns == []:
-        return None
-    return results
-
-
 # -- the dispatcher ------------------------------------------------------------
 
 
@@ -916,8 +856,8 @@ def dispatch(func, args, kwargs):
             return cpu_fallback(func, args, kwargs, data_dependent=func in DATA_DEPENDENT)
     name = func._schema.name
     if name.startswith("aten::_foreach_"):
-        out = run_foreach(func, args, kwargs)
-        if out is not None or _foreach_element_op(func) is not None:
+        out = foreach.run_foreach(func, args, kwargs)
+        if out is not NotImplemented:
             return out
     if _is_inplace(func):
         functional = _functional_of(func)
@@ -1008,4 +948,5 @@ def failed_outputs(func, args, kwargs, error: Exception):
 
 set_dispatcher(dispatch, failed_outputs)
 
-from lazytpu import handlers  # noqa: E402,F401  (registers the dispatch-level handlers)
+from lazytpu import foreach, handlers  # noqa: E402,F401  (handlers registers the dispatch-level handlers)
+from lazytpu.foreach import run_foreach  # noqa: E402,F401  (also the compile backend's decomposition)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import torch
 
 from lazytpu import _dtypes
+from lazytpu.ir.foreach import ForeachOp
 from lazytpu.ir.template import fill
 from lazytpu.lowering.registry import get_rule
 
@@ -32,6 +33,8 @@ def cast_to(x, aval):
 
 def apply_op(op, spec, in_values: list, out_avals) -> tuple:
     """Run one op's rule on JAX values; returns its outputs, cast."""
+    if type(op) is ForeachOp:
+        return _apply_foreach(op, spec, in_values, out_avals)
     rule = get_rule(op)
     args, kwargs = fill(spec, in_values)
     if rule.random:
@@ -45,6 +48,16 @@ def apply_op(op, spec, in_values: list, out_avals) -> tuple:
     if len(results) != len(out_avals):
         raise LoweringError(f"{op}: rule returned {len(results)} results, expected {len(out_avals)}")
     return tuple(cast_to(r, a) for r, a in zip(results, out_avals))
+
+
+def _apply_foreach(op, spec, in_values: list, out_avals) -> tuple:
+    """A foreach node: the element op's rule on each element (Note [Foreach nodes])."""
+    outs: list = []
+    for part in spec.parts:
+        n = len(outs)
+        vals = [in_values[p] for p in part.positions]
+        outs.extend(apply_op(op.element, part.template, vals, out_avals[n : n + part.n_outputs]))
+    return tuple(outs)
 
 
 def lower_program(program) -> Callable:

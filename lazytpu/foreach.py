@@ -1,0 +1,299 @@
+"""``_foreach_*`` ops: recorded as one node (Note [Foreach nodes] in
+``lazytpu.ir.foreach``), or run as one element op per list element where
+that cannot be done (an element op with no rule, a target whose dtype or
+shape differs from the result's, lists spanning devices)."""
+
+from __future__ import annotations
+
+import torch
+
+from lazytpu import _caches, debug
+from lazytpu import dispatch as _d  # dispatch imports this module: attributes are read at call time
+from lazytpu.aliasing import read, write_value
+from lazytpu.engine import context
+from lazytpu.ir import Node, Output, Scalar, Storage
+from lazytpu.ir.foreach import ForeachPart, ForeachSpec, foreach_op
+from lazytpu.ir.node import op_sig
+from lazytpu.lowering import get_rule
+from lazytpu.tensor import LazyTensor
+
+aten = torch.ops.aten
+
+# foreach overload name -> element overload names to try, in order
+_OVERLOAD_ELEMENT = {
+    "List": ("Tensor", "default"),
+    "ScalarList": ("Scalar", "default"),
+    "Tensor": ("Tensor", "default"),
+    "Scalar": ("Scalar", "default"),
+    "default": ("default",),
+    "ScalarAndTensor": ("Scalar", "Tensor_Scalar"),
+    "out": ("out",),
+    "List_out": ("out",),
+    "Tensor_out": ("out",),
+    "Scalar_out": ("Scalar_out", "out"),
+    "ScalarList_out": ("Scalar_out", "out"),
+}
+# functional pow's overloads are named by which operands are tensors
+_POW_ELEMENT = {
+    "List": "Tensor_Tensor",
+    "Scalar": "Tensor_Scalar",
+    "ScalarList": "Tensor_Scalar",
+    "ScalarAndTensor": "Scalar",
+    "List_out": "Tensor_Tensor_out",
+    "Scalar_out": "Tensor_Scalar_out",
+    "ScalarList_out": "Tensor_Scalar_out",
+}
+
+
+def element_op(func):
+    """The element op a ``_foreach_*`` overload applies, or None."""
+    name = func._schema.name.split("::")[-1][len("_foreach_") :]
+    inplace = name.endswith("_")
+    base = name[:-1] if inplace else name
+    if base == "norm":
+        return aten.linalg_vector_norm.out if func._overloadname.endswith("out") else aten.linalg_vector_norm.default
+    packet = getattr(aten, base + ("_" if inplace else ""), None)
+    if packet is None:
+        return None
+    candidates = _OVERLOAD_ELEMENT.get(func._overloadname, (func._overloadname,))
+    if base == "pow" and not inplace:
+        candidates = (_POW_ELEMENT.get(func._overloadname, func._overloadname),)
+    for overload in candidates:
+        if overload in packet.overloads():
+            return getattr(packet, overload)
+    return None
+
+
+def _element_calls(func, element, args, kwargs) -> list[tuple[tuple, dict]]:
+    """The foreach call split into one ``(args, kwargs)`` per list element."""
+    # Positional foreach args beyond the element op's positional ones are
+    # keyword-only there (e.g. addcmul's ``value``).
+    n_positional = sum(1 for a in element._schema.arguments if not a.kwarg_only)
+    names = [a.name for a in func._schema.arguments]
+    element_kwargs = [a.name for a in element._schema.arguments if a.kwarg_only]
+    head = args[:n_positional]
+    tail = {}
+    for i, a in enumerate(args[n_positional:], n_positional):
+        name = names[i]
+        if name not in element_kwargs and len(element_kwargs) == 1:
+            name = element_kwargs[0]  # e.g. foreach ``scalars`` -> ``value``
+        if isinstance(a, torch.Tensor) and func._schema.arguments[i].name == "scalars":
+            a = a.tolist()  # one scalar per element (a host read, as torch's own loop)
+        tail[name] = a
+    tail.update(kwargs)
+    n = len(next(a for a in args if isinstance(a, (list, tuple))))
+    return [
+        (
+            tuple(a[i] if isinstance(a, (list, tuple)) else a for a in head),
+            {k: (v[i] if isinstance(v, (list, tuple)) else v) for k, v in tail.items()},
+        )
+        for i in range(n)
+    ]
+
+
+def run_foreach(func, args, kwargs):
+    """``_foreach_op(lists...)``: one node when possible, else one element op
+    call per list element. Returns the list of results (None for in-place ops),
+    or NotImplemented when ``func`` applies no known element op."""
+    element = element_op(func)
+    if element is None:
+        return NotImplemented
+    inplace = _d._is_inplace(func)
+    void = inplace or func._schema.returns == []  # in-place, or writing ``out=`` lists
+    if _all_lazy(args) and (inplace or not void):
+        key, values = _call_key(func, args, kwargs)
+        batch = _BATCHES.get(key)
+        if batch is None:
+            batch = _BATCHES[key] = _plan_batch(func, element, args, kwargs, inplace, values)
+        if batch is not False:
+            results = _record(batch, values)
+            if results is not None:
+                return None if void else results
+    results = [element(*call, **extra) for call, extra in _element_calls(func, element, args, kwargs)]
+    return None if void else results
+
+
+def _all_lazy(args) -> bool:
+    """Every tensor of the lists is a tpu tensor (not a CPU tensor, not a
+    tracing tensor of the compile backend)."""
+    return all(
+        type(t) is LazyTensor for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)
+    )
+
+
+def _key_leaf(a, values: list):
+    """``dispatch._key_leaf``, with every float a value (a foreach op's floats
+    are lifted by its element ops: ``_plan_batch`` checks each is found)."""
+    t = type(a)
+    if t is float or t is complex:
+        values.append(a)
+        return t
+    if t is list or t is tuple:
+        return tuple(_key_leaf(x, values) for x in a)
+    return _d._key_leaf(a, values)
+
+
+def _call_key(func, args, kwargs) -> tuple[tuple, list]:
+    """The foreach call's signature: argument layouts, scalar kinds, and which
+    values are the same object (so that a plan mapping them to one input is
+    reused only where they still are); and its values, in order."""
+    values: list = []
+    parts = [func, *(_key_leaf(a, values) for a in args)]
+    if kwargs:
+        parts.extend((k, _key_leaf(kwargs[k], values)) for k in sorted(kwargs))
+    first: dict = {}
+    return (tuple(parts), tuple(first.setdefault(id(v), i) for i, v in enumerate(values))), values
+
+
+def _origins(args, kwargs) -> list:
+    """For each value of ``_call_key``: the list index it came from, or None
+    (a value passed once to the foreach op, shared by every element)."""
+    origins: list = []
+    for a in (*args, *(kwargs[k] for k in sorted(kwargs))):
+        if isinstance(a, (list, tuple)):
+            origins.extend(i for i, x in enumerate(a) if isinstance(x, (torch.Tensor, float, complex)))
+        elif isinstance(a, (torch.Tensor, float, complex)):
+            origins.append(None)
+    return origins
+
+
+class _Batch:
+    """How a foreach call signature is recorded (Note [Foreach nodes]).
+
+    ``recipe[k]`` is the call value that node input ``k`` reads; ``targets``
+    (in-place ops) the call value each element writes; ``plans`` the element
+    plans (output layouts); ``sig`` the node's interned signature.
+    """
+
+    __slots__ = ("recipe", "targets", "plans", "sig")
+
+    def __init__(self, recipe, targets, plans, sig) -> None:
+        self.recipe, self.targets, self.plans, self.sig = recipe, targets, plans, sig
+
+
+# element op -> (functional op it records, its rule), or None when it cannot be batched
+_BATCHABLE: dict = {}
+_caches.register("foreach_elements", _BATCHABLE.clear)
+# foreach call signature -> its _Batch, or False (run element by element)
+_BATCHES: dict = {}
+_caches.register("foreach_batches", _BATCHES.clear)
+
+
+def _batchable(element):
+    entry = _BATCHABLE.get(element, False)
+    if entry is not False:
+        return entry
+    functional = _d._functional_of(element) if _d._is_inplace(element) else element
+    rule = None
+    if functional is not None and functional not in _d._HANDLERS and _d._view_kind(functional) is None:
+        rule = get_rule(functional)
+    entry = None if rule is None or rule.random else (functional, rule)
+    _BATCHABLE[element] = entry
+    return entry
+
+
+def _plan_batch(func, element, args, kwargs, inplace: bool, values: list):
+    """Plan each element as its own op would be (torch's errors included),
+    then map the elements' inputs to the call's values; False when the call
+    must run element by element."""
+    entry = _batchable(element)
+    if entry is None:
+        return False
+    functional, rule = entry
+    origins = _origins(args, kwargs)
+    plans, recipe, positions, targets = [], [], [], []
+    where: dict = {}  # call value index -> node input
+    for i, (call, extra) in enumerate(_element_calls(func, element, args, kwargs)):
+        if inplace:
+            _d._check_with_meta(element, call, extra)  # torch's errors (e.g. result type can't be cast)
+            targets.append(_find(call[0], i, values, origins))
+            call, extra = _d._functional_args(element, functional, call, extra)
+        key, vals = _d._signature(functional, call, extra)
+        plan = _d._PLANS.get(key)
+        if plan is None:
+            try:
+                plan = _d._make_plan(functional, call, extra, rule, vals)
+            except _d.MetaUnavailable:
+                return False
+            _d._PLANS[key] = plan
+        if inplace and (plan.layout is not None or plan.descs[0].aval != values[targets[-1]]._lt_desc.aval):
+            return False  # a cast or broadcast into the target: the element path writes it
+        pos = []
+        for v in vals:
+            r = _find(v.value if type(v) is Scalar else v, i, values, origins)
+            if r is None:
+                return False  # a value the call does not hold as such (``scalars`` given as a tensor)
+            if r not in where:
+                where[r] = len(recipe)
+                recipe.append(r)
+            pos.append(where[r])
+        plans.append(plan)
+        positions.append(tuple(pos))
+    if any(type(v) in (float, complex) and r not in where for r, v in enumerate(values)):
+        return False  # a float some element keeps static (baked in its template): not a value of the call key
+    spec = ForeachSpec(tuple(ForeachPart(p.template, ps, len(p.out_avals)) for p, ps in zip(plans, positions)))
+    out_avals = tuple(a for p in plans for a in p.out_avals)
+    sig = op_sig(foreach_op(func, functional), spec, out_avals)
+    return _Batch(tuple(recipe), tuple(targets) if inplace else None, tuple(plans), sig)
+
+
+def _find(obj, i: int, values: list, origins: list):
+    """The index of ``obj`` among the call's values of element ``i``."""
+    for r, v in enumerate(values):
+        if v is obj and (origins[r] is None or origins[r] == i):
+            return r
+    return None
+
+
+def _record(batch: _Batch, values: list):
+    """Record the call as one node; None when this call's tensors span devices
+    or an element writes what another reads (the element path keeps torch's order)."""
+    try:
+        index = _d._device_index(values)
+    except RuntimeError:  # lists spanning devices: torch's loop allows it
+        return None
+    if batch.targets is not None and _overlapping(batch, values):
+        return None
+    ctx = context(index)
+    op, spec, out_avals = batch.sig.static
+    with ctx.graph.lock:
+        inputs = []
+        for r in batch.recipe:
+            v = values[r]
+            if type(v) is LazyTensor:
+                inputs.append(v._lt_storage.value if v._lt_window is None else read(v))
+            else:
+                inputs.append(Scalar(v))
+        node = Node(op, spec, tuple(inputs), out_avals, debug.location(3), batch.sig)
+        results = []
+        k = 0
+        if batch.targets is not None:
+            for t in batch.targets:
+                write_value(values[t], Output(node, k))  # never flushes: recorded() below does
+                k += 1
+        else:
+            graph = ctx.graph
+            for plan in batch.plans:
+                outs = [
+                    LazyTensor(Storage(Output(node, k + i), graph, d.stride), d, index, True)
+                    for i, d in enumerate(plan.descs)
+                ]
+                results.append(plan.pack(outs))
+                k += len(plan.descs)
+        ctx.recorded(node)
+    return results
+
+
+def _overlapping(batch: _Batch, values: list) -> bool:
+    """Whether an element writes a storage another element uses."""
+    written = {id(values[t]._lt_storage): i for i, t in enumerate(batch.targets)}
+    if len(written) != len(batch.targets):
+        return True
+    n = len(batch.targets)
+    for r in batch.recipe:
+        v = values[r]
+        if type(v) is LazyTensor:
+            owner = written.get(id(v._lt_storage))
+            if owner is not None and batch.targets[owner] != r and n > 1:
+                return True
+    return False
