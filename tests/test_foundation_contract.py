@@ -6,6 +6,7 @@ mixing, the fallback's warning, 64-bit values."""
 from __future__ import annotations
 
 import configparser
+import importlib
 import os
 import re
 import subprocess
@@ -446,3 +447,38 @@ def test_int64_and_float64_values_survive(name, eager_mode):
     tol = dict(rtol=0, atol=0) if x.dtype is I64 or name.startswith("int64") else dict(rtol=1e-15, atol=0)
     with no_fallback():
         run_both(fn, x, mode_name=eager_mode, **tol)
+
+
+# -- 8. torch.optim takes its foreach path on tpu by default --------------------------
+
+
+@pytest.mark.parametrize(
+    "name, make, module, multi_tensor",
+    [
+        ("sgd", lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), "torch.optim.sgd", "_multi_tensor_sgd"),
+        ("adam", lambda p: torch.optim.Adam(p, lr=1e-2), "torch.optim.adam", "_multi_tensor_adam"),
+    ],
+)
+def test_default_optimizers_take_the_foreach_path(name, make, module, multi_tensor, monkeypatch):
+    module = importlib.import_module(module)
+    calls = []
+    original = getattr(module, multi_tensor)
+
+    def counting(*args, **kwargs):
+        calls.append(name)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, multi_tensor, counting)
+    results = {}
+    for device in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3).to(device)
+        opt = make(model.parameters())
+        calls.clear()
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.ones(2, 4, device=device)).square().sum().backward()
+            opt.step()
+        results[device] = (len(calls), [p.detach().cpu() for p in model.parameters()])
+    assert results["tpu"][0] == 3  # one multi-tensor (_foreach_*) update per step
+    torch.testing.assert_close(results["tpu"][1], results["cpu"][1], rtol=1e-5, atol=1e-5)
