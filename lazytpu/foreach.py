@@ -100,25 +100,39 @@ def run_foreach(func, args, kwargs):
         return NotImplemented
     inplace = _d._is_inplace(func)
     void = inplace or func._schema.returns == []  # in-place, or writing ``out=`` lists
-    if _all_lazy(args) and (inplace or not void):
-        key, values = _call_key(func, args, kwargs)
-        batch = _BATCHES.get(key)
-        if batch is None:
-            batch = _BATCHES[key] = _plan_batch(func, element, args, kwargs, inplace, values)
-        if batch is not False:
-            results = _record(batch, values)
-            if results is not None:
-                return None if void else results
+    if inplace or not void:
+        try:
+            key, values = _call_key(func, args, kwargs)
+        except _NotLazy:
+            pass
+        else:
+            batch = _BATCHES.get(key)
+            if batch is None:
+                batch = _BATCHES[key] = _plan_batch(func, element, args, kwargs, inplace, values)
+            if batch is not False:
+                results = _record(batch, values)
+                if results is not None:
+                    return None if void else results
     results = [element(*call, **extra) for call, extra in _element_calls(func, element, args, kwargs)]
     return None if void else results
 
 
-def _all_lazy(args) -> bool:
-    """Every tensor of the lists is a tpu tensor (not a CPU tensor, not a
-    tracing tensor of the compile backend)."""
-    return all(
-        type(t) is LazyTensor for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)
-    )
+class _NotLazy(Exception):
+    """A list holds a tensor that is not a tpu tensor (a CPU tensor, a tracing
+    tensor of the compile backend): the call runs element by element."""
+
+
+def _list_leaf(x, values: list):
+    t = type(x)
+    if t is LazyTensor:
+        values.append(x)
+        return x._lt_desc
+    if t is float or t is complex:
+        values.append(x)
+        return t
+    if isinstance(x, torch.Tensor):
+        raise _NotLazy
+    return x
 
 
 def _key_leaf(a, values: list):
@@ -129,7 +143,7 @@ def _key_leaf(a, values: list):
         values.append(a)
         return t
     if t is list or t is tuple:
-        return tuple(_key_leaf(x, values) for x in a)
+        return tuple([_list_leaf(x, values) for x in a])
     return _d._key_leaf(a, values)
 
 
@@ -138,11 +152,12 @@ def _call_key(func, args, kwargs) -> tuple[tuple, list]:
     values are the same object (so that a plan mapping them to one input is
     reused only where they still are); and its values, in order."""
     values: list = []
-    parts = [func, *(_key_leaf(a, values) for a in args)]
+    parts = [func, *[_key_leaf(a, values) for a in args]]
     if kwargs:
         parts.extend((k, _key_leaf(kwargs[k], values)) for k in sorted(kwargs))
     first: dict = {}
-    return (tuple(parts), tuple(first.setdefault(id(v), i) for i, v in enumerate(values))), values
+    pattern = tuple(map(first.setdefault, map(id, values), range(len(values))))
+    return (tuple(parts), pattern), values
 
 
 def _origins(args, kwargs) -> list:
