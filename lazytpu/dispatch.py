@@ -361,10 +361,21 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None):
 def _make_plan(func, args, kwargs, rule, values) -> _Plan:
     args, kwargs = _lift(func, args, kwargs)
     template, flat_values = flatten(args, kwargs, _pick)
+    if rule.random:
+        _check_generator(kwargs)
     meta_out = infer_meta(func, template, flat_values)
     if not rule.random:
         _check_kernel_dtypes(func, template, flat_values)
     return _Plan(func, template, meta_out, rule, _kwarg_device_index(kwargs))
+
+
+def _check_generator(kwargs) -> None:
+    """torch's ``check_generator``: a random op given a generator of another
+    device raises (there are no tpu generators: torch has no Python hook to
+    make one). Ignoring it would also put the generator in the program key."""
+    generator = kwargs.get("generator")
+    if generator is not None:
+        raise RuntimeError(f"Expected a 'tpu' device type for generator but found '{generator.device.type}'")
 
 
 # Errors of CPU kernels that meta kernels do not raise, and that do not
@@ -721,6 +732,7 @@ def _takes_dtype(op) -> bool:
 
 
 def _run_out(func, functional, args, kwargs):
+    _check_generator(kwargs)
     names = _out_args(func)
     outs = [kwargs[n] for n in names]
     result = _call_functional(func, functional, args, kwargs, _out_dtype(func, functional, outs))

@@ -269,3 +269,21 @@ def test_multinomial(replacement, eager_mode):
     assert set(out[0].tolist()) <= {1, 2}
     if not replacement:
         assert all(len(set(row)) == len(row) for row in out.tolist())
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda g: torch.randn(3, device="tpu", generator=g),
+        lambda g: torch.rand(2, 2, device="tpu", generator=g),
+        lambda g: torch.randint(0, 5, (3,), device="tpu", generator=g),
+        lambda g: torch.randperm(5, device="tpu", generator=g),
+        lambda g: torch.empty(3, device="tpu").normal_(generator=g),
+        lambda g: torch.empty(3, device="tpu").uniform_(generator=g),
+    ],
+    ids=["randn", "rand", "randint", "randperm", "normal_", "uniform_"],
+)
+def test_a_cpu_generator_raises_torchs_error(op):
+    """As on CUDA: a generator of another device is an error, not silently ignored."""
+    with pytest.raises(RuntimeError, match="Expected a 'tpu' device type for generator but found 'cpu'"):
+        op(torch.Generator().manual_seed(0))
