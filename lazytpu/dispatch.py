@@ -26,7 +26,9 @@ from torch._decomp import decomposition_table
 
 from lazytpu import _caches, _config, debug, hostio, metas, metrics
 from lazytpu.aliasing import (
+    check_overlap,
     contiguous_strides,
+    cpu_probe,
     new_tensor,
     new_tensor_of,
     read,
@@ -380,7 +382,10 @@ def _check_generator(kwargs) -> None:
 
 # Errors of CPU kernels that meta kernels do not raise, and that do not
 # depend on sizes (Note [Kernel checks]).
-_KERNEL_ERRORS = re.compile(r"not (yet )?implemented for|same dtype|expected scalar type|Dimension out of range")
+_KERNEL_ERRORS = re.compile(
+    r"not (yet )?implemented for|same dtype|expected scalar type|Dimension out of range|destination dtypes match"
+    r"|not supported for complex"
+)
 
 
 # Op families whose CPU kernels check what meta kernels skip, and that are
@@ -418,6 +423,10 @@ _KERNEL_CHECKED = frozenset(
         "argmax",
         "argmin",
         "aminmax",
+        "index_put",
+        "clamp",
+        "clamp_min",
+        "clamp_max",
         # pointwise special functions (lowering/special.py, pointwise_ext.py): dtypes the CPU kernels lack
         "frac",
         "mish",
@@ -512,8 +521,8 @@ _caches.register("view_plans", _VIEW_PLANS.clear)
 def run_view(func, args, kwargs):
     """A view op: the outputs share the input's storage (no node is recorded).
 
-    Returns None when torch's "view" changes the dtype (``view.dtype``,
-    ``view_as_real``): those are computed as values instead. The output
+    Returns None when torch's "view" changes the dtype to or from bool or
+    complex32: those are computed as values instead. The output
     descriptions are planned once per call signature (Note [Plans]).
     """
     src = args[0]
@@ -534,13 +543,22 @@ def _make_view_plan(func, args, kwargs, src):
     template, values = flatten(args, kwargs, _pick)
     meta_out = infer_meta(func, template, values)
     metas = [meta_out] if isinstance(meta_out, torch.Tensor) else list(meta_out)
-    if any(m.dtype != src.dtype for m in metas):
+    if any(m.dtype != src.dtype and not _reinterpretable(src.dtype, m.dtype) for m in metas):
         return False
-    numel = src._lt_desc.storage_numel
-    descs = tuple(describe(m.shape, m.stride(), m.storage_offset(), numel, m.dtype) for m in metas)
+    nbytes = src._lt_desc.storage_numel * src.dtype.itemsize
+    descs = tuple(describe(m.shape, m.stride(), m.storage_offset(), nbytes // m.dtype.itemsize, m.dtype) for m in metas)
     if isinstance(meta_out, torch.Tensor):
         return descs, None
     return descs, tuple if isinstance(meta_out, tuple) else list
+
+
+_NOT_REINTERPRETED = frozenset({torch.bool, torch.complex32})
+
+
+def _reinterpretable(src: torch.dtype, dst: torch.dtype) -> bool:
+    """A dtype-changing view is a window on its base's storage (Note [Dtype views]),
+    except for bool and complex32 (stored as complex64): those are computed as values."""
+    return src not in _NOT_REINTERPRETED and dst not in _NOT_REINTERPRETED
 
 
 def run_inplace_view(func, args, kwargs):
@@ -554,12 +572,13 @@ def run_inplace_view(func, args, kwargs):
 # -- writes (in-place, out=) ---------------------------------------------------
 
 
-def resize_to(dst: LazyTensor, shape, stride=None) -> None:
-    """Give ``dst`` a new shape (as torch's ``resize_`` does for ``out=``)."""
+def resize_to(dst: LazyTensor, shape, *, warn: bool = True) -> None:
+    """Give ``dst`` a new shape as torch's ``resize_output`` does for ``out=``: ``resize_``
+    (a contiguous window at the same offset of the same storage), with its warning."""
     shape = tuple(shape)
     if tuple(dst.shape) == shape:
         return
-    if dst.numel() != 0:
+    if warn and dst.numel() != 0:
         warnings.warn(
             f"An output with one or more elements was resized since it had shape {list(dst.shape)}, "
             f"which does not match the required output shape {list(shape)}. This behavior is deprecated, "
@@ -569,10 +588,7 @@ def resize_to(dst: LazyTensor, shape, stride=None) -> None:
             UserWarning,
             stacklevel=4,
         )
-    if stride is None:
-        stride = contiguous_strides(shape)
-    zeros = aten.zeros.default(list(shape), dtype=dst.dtype, device=dst.device)
-    rebind_metadata(dst, new_tensor(read(zeros), shape, stride, dst.dtype, dst.device.index or 0))
+    _HANDLERS[aten.resize_.default](aten.resize_.default, (dst, list(shape)), {})
 
 
 # In-place ops whose functional form has another name.
@@ -704,6 +720,8 @@ def _run_inplace(func, functional, args, kwargs):
     if key not in _INPLACE_CHECKED:
         _check_with_meta(func, args, kwargs)  # torch's errors (e.g. result type can't be cast)
         _INPLACE_CHECKED.add(key)
+    if type(self) is LazyTensor:
+        check_overlap(func, args, kwargs, self)
     rule = _RECORDED.get(functional)
     if rule is not None and type(self) is LazyTensor and self._lt_window is None:
         call_args, call_kwargs = _functional_args(func, functional, args, kwargs)
@@ -715,14 +733,57 @@ def _run_inplace(func, functional, args, kwargs):
             return self
     else:
         result = _call_functional(func, functional, args, kwargs)
+    if isinstance(result, torch.Tensor) and not torch.can_cast(result.dtype, self.dtype):
+        # torch's check, which some meta kernels skip (``int_tensor.mul_(3.0)``)
+        raise RuntimeError(
+            f"result type {_type_name(result.dtype)} can't be cast to the desired output type {_type_name(self.dtype)}"
+        )
     write(self, result)
     return self
 
 
-def _out_dtype(func, functional, outs) -> dict | None:
+@functools.cache
+def _type_name(dtype: torch.dtype) -> str:
+    """torch's C++ name of ``dtype`` (``Float``, ``ComplexDouble``) as its error messages spell it."""
+    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
+
+
+_OUT_DTYPE_ERRORS = re.compile(r"dtype|type to be|can't be cast|floating point type|Expected .* type")
+_OUT_DTYPES_CHECKED: dict = {}
+_caches.register("out_dtypes_checked", _OUT_DTYPES_CHECKED.clear)
+
+
+def _check_out_dtypes(func, args, kwargs) -> None:
+    """torch's error for an ``out=`` tensor of a dtype the op refuses (each op has its own
+    check and message; meta kernels skip most): the op runs once per call signature on CPU
+    zeros of the same layouts."""
+    key, _ = _signature(func, args, kwargs)
+    if key not in _OUT_DTYPES_CHECKED:
+        error = cpu_probe(func, args, kwargs)
+        ok = error is None or not isinstance(error, (RuntimeError, TypeError))
+        _OUT_DTYPES_CHECKED[key] = None if ok or not _OUT_DTYPE_ERRORS.search(str(error)) else error
+    error = _OUT_DTYPES_CHECKED[key]
+    if error is not None:
+        raise type(error)(str(error)) from None
+
+
+def _has_tensor(x) -> bool:
+    if isinstance(x, (list, tuple)):
+        return any(_has_tensor(y) for y in x)
+    return isinstance(x, torch.Tensor)
+
+
+# Reductions whose ``out=`` form without a ``dtype`` computes in the out tensor's dtype.
+_OUT_SETS_DTYPE = frozenset({"sum", "nansum", "prod", "cumsum", "cumprod"})
+
+
+def _out_dtype(func, functional, outs, kwargs) -> dict | None:
     """An ``out=`` factory (``linspace.out``, ``arange.start_out``) computes in
-    its output's dtype: the functional form gets it as ``dtype``."""
-    if outs and type(outs[0]) is LazyTensor and _takes_dtype(functional) and not _takes_dtype(func):
+    its output's dtype: the functional form gets it as ``dtype``; so do
+    ``sum``/``prod``/``cumsum`` given no ``dtype``."""
+    if not (outs and type(outs[0]) is LazyTensor and _takes_dtype(functional)):
+        return None
+    if not _takes_dtype(func) or (kwargs.get("dtype") is None and func._schema.name.split("::")[-1] in _OUT_SETS_DTYPE):
         return {"dtype": outs[0].dtype}
     return None
 
@@ -735,12 +796,19 @@ def _run_out(func, functional, args, kwargs):
     _check_generator(kwargs)
     names = _out_args(func)
     outs = [kwargs[n] for n in names]
-    result = _call_functional(func, functional, args, kwargs, _out_dtype(func, functional, outs))
+    for dst in outs:
+        if type(dst) is LazyTensor:
+            check_overlap(func, args, kwargs, dst)
+    result = _call_functional(func, functional, args, kwargs, _out_dtype(func, functional, outs, kwargs))
     results = [result] if isinstance(result, torch.Tensor) else list(result)
+    if any(type(dst) is LazyTensor and dst.dtype != src.dtype for dst, src in zip(outs, results)):
+        _check_out_dtypes(func, args, kwargs)
+    # a factory (no tensor argument) resizes its out tensor silently, as torch's do
+    warn = _has_tensor(args) or _has_tensor([v for k, v in kwargs.items() if k not in names])
     for dst, src in zip(outs, results):
         if type(dst) is not LazyTensor:
             raise RuntimeError(f"Expected out tensor to be on tpu, but found it on {dst.device}")
-        resize_to(dst, src.shape)
+        resize_to(dst, src.shape, warn=warn)
         write(dst, src)
     return outs[0] if len(outs) == 1 else tuple(outs)
 

@@ -11,7 +11,7 @@ import jax
 import torch
 
 from lazytpu import hostio, runtime
-from lazytpu.aliasing import contiguous_strides, new_tensor, rebind_metadata, view_of, write
+from lazytpu.aliasing import check_overlap, contiguous_strides, new_tensor, rebind_metadata, view_of, write
 from lazytpu.dispatch import handles, record
 from lazytpu.engine import context
 from lazytpu.ir import Data, Failed, Output
@@ -67,6 +67,7 @@ def copy_(func, args, kwargs):
     dst, src = args[0], args[1]
     if type(dst) is not LazyTensor:  # tpu -> cpu
         return dst.copy_(hostio.to_cpu(src))
+    check_overlap(func, args, kwargs, dst)  # Note [Overlapping writes]
     if type(src) is not LazyTensor:  # cpu -> tpu
         index = dst.device.index or 0
         src = new_tensor(hostio.data_from_cpu(src, index), src.shape, contiguous_strides(src.shape), src.dtype, index)

@@ -104,7 +104,13 @@ class LazyTensor(torch.Tensor):
         if index:
             t._lt_index = index
         if is_base is None:
-            is_base = desc.offset == 0 and desc.stride == storage.stride and desc.shape == storage.value.aval.shape
+            aval = storage.value.aval  # a view of another dtype is never the base (Note [Dtype views])
+            is_base = (
+                desc.offset == 0
+                and desc.stride == storage.stride
+                and desc.shape == aval.shape
+                and (desc.dtype is aval.dtype or desc.dtype is torch.complex32)
+            )
         if not is_base:
             t._lt_window = (desc.shape, desc.stride, desc.offset)
         return t

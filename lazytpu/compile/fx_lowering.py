@@ -50,7 +50,7 @@ from torch.autograd.graph import increment_version
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from lazytpu import _caches, _dtypes, hostio
-from lazytpu.aliasing import contiguous_strides, new_tensor_of, write_value
+from lazytpu.aliasing import contiguous_strides, new_tensor_of, view_dtype, write_value
 from lazytpu.compile.explain import observe_compile
 from lazytpu.engine import RNG_AVAL, context
 from lazytpu.ir import Aval, Node, Output, Scalar, Storage
@@ -209,9 +209,10 @@ _HOST_SCALARS = {
 }
 
 
-def _window_read(base, base_stride, window):
+def _window_read(base, base_stride, window, dtype):
     size, stride, offset = window
-    return get_rule(VIEW_READ).fn(base, base_stride=base_stride, size=size, stride=stride, offset=offset)
+    rule = get_rule(VIEW_READ).fn
+    return rule(base, base_stride=base_stride, size=size, stride=stride, offset=offset, dtype=dtype)
 
 
 def _pick_node(leaf):
@@ -483,7 +484,7 @@ class GraphProgram:
                 x = inputs[cursor]
                 cursor += 1
                 if kind == "view":
-                    x = _window_read(x, part[2], part[3])
+                    x = _window_read(x, part[2], part[3], part[4])
                 elif kind == "cpu_scalar":
                     x = jnp.asarray(x, _dtypes.to_jax(part[1]))
                 env[node] = x
@@ -532,7 +533,7 @@ class GraphProgram:
                 if window is None:  # the desc's aval is interned: the signature compares by identity
                     parts.append(("buffer", v._lt_desc.aval))
                 else:
-                    parts.append(("view", value.aval, storage.stride, window))
+                    parts.append(("view", value.aval, storage.stride, window, view_dtype(v)))
             elif isinstance(v, torch.Tensor):
                 kind = _HOST_SCALARS.get(v.dtype) if v.dim() == 0 else None
                 if kind is not None:  # e.g. an optimizer's step count: no transfer (Note [Host scalars])

@@ -10,15 +10,24 @@ A window whose strides nest (each stride a multiple of the next, rows not
 overlapping) is taken with pad + reshape + slice + transpose, which XLA turns
 into cheap copies; any other window (overlapping ``unfold``/``as_strided``)
 is a gather with constant indices.
+
+Note [Dtype views]: a view with another dtype than its storage
+(``view_as_real``, ``.real``/``.imag``, ``view_as_complex``, ``view(dtype)``)
+is a window in units of its own dtype on the storage's bytes: reading it
+reinterprets the storage's flat array as that dtype first (a complex number is
+its two parts, other dtypes are bitcast), writing reinterprets back after.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
+from lazytpu import _dtypes
 from lazytpu.lowering.registry import lowering
 
 VIEW_READ = "lazytpu.view_read"
@@ -85,6 +94,18 @@ def _gather_indices(size, stride, offset) -> np.ndarray:
     return idx
 
 
+@functools.lru_cache(maxsize=4096)
+def overlaps_itself(size: tuple, stride: tuple) -> bool:
+    """Whether two elements of the window ``(size, stride)`` share a location (``expand``, ``unfold``)."""
+    if math.prod(size) <= 1:
+        return False
+    plan = _nested_plan(size, stride)
+    if plan is not None and not any(stride[d] == 0 and size[d] > 1 for d in range(len(size))):
+        return False
+    idx = _gather_indices(size, stride, 0)
+    return np.unique(idx).size < idx.size
+
+
 def window(flat, size, stride, offset):
     """``torch.as_strided(flat, size, stride, offset)`` for a 1-D ``flat``."""
     size, stride = tuple(size), tuple(stride)
@@ -114,7 +135,15 @@ def write_window(flat, value, size, stride, offset):
     plan = _nested_plan(size, stride)
     if plan is None or any(stride[d] == 0 and size[d] > 1 for d in range(len(size))):
         idx = _gather_indices(size, stride, offset).reshape(-1)
-        return flat.at[idx].set(value.reshape(-1))
+        if not overlaps_itself(size, stride):
+            return flat.at[idx].set(value.reshape(-1))
+        # A window whose elements share memory (``expand``, overlapping ``unfold``): of the
+        # elements sharing a location, the one the write changed wins (as torch writing in place).
+        value, old = value.reshape(-1), flat[idx]
+        same = value == old
+        if jnp.issubdtype(old.dtype, jnp.inexact):
+            same = same | (jnp.isnan(value) & jnp.isnan(old))
+        return flat.at[jnp.where(same, flat.shape[0], idx)].set(value, mode="drop")
     dims, extents = plan
     if not dims:
         return flat.at[offset].set(value.reshape(-1)[0])
@@ -131,12 +160,41 @@ def write_window(flat, value, size, stride, offset):
     return padded[:n]
 
 
+def reinterpret(flat, dtype):
+    """The 1-D ``flat`` as a 1-D array of ``dtype`` over the same bytes (Note [Dtype views]);
+    a trailing part of an element is padded with zeros."""
+    dtype = np.dtype(dtype)
+    if flat.dtype == dtype:
+        return flat
+    if jnp.issubdtype(flat.dtype, jnp.complexfloating):
+        return reinterpret(jnp.stack([flat.real, flat.imag], -1).reshape(-1), dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        parts = reinterpret(flat, np.finfo(dtype).dtype)
+        parts = jnp.pad(parts, (0, parts.shape[0] % 2)).reshape(-1, 2)
+        return lax.complex(parts[:, 0], parts[:, 1])
+    have, want = flat.dtype.itemsize, dtype.itemsize
+    if have > want:
+        return lax.bitcast_convert_type(flat, dtype).reshape(-1)
+    if have < want:
+        ratio = want // have
+        flat = jnp.pad(flat, (0, -flat.shape[0] % ratio)).reshape(-1, ratio)
+    return lax.bitcast_convert_type(flat, dtype)
+
+
 @lowering(VIEW_READ)
-def view_read(base, *, base_stride, size, stride, offset):
-    return window(to_flat(base, base_stride), size, stride, offset)
+def view_read(base, *, base_stride, size, stride, offset, dtype=None):
+    flat = to_flat(base, base_stride)
+    if dtype is not None:
+        flat = reinterpret(flat, _dtypes.to_jax(dtype))
+    return window(flat, size, stride, offset)
 
 
 @lowering(VIEW_WRITE)
-def view_write(base, value, *, base_stride, size, stride, offset):
-    flat = write_window(to_flat(base, base_stride), value, size, stride, offset)
+def view_write(base, value, *, base_stride, size, stride, offset, dtype=None):
+    flat = to_flat(base, base_stride)
+    if dtype is None:
+        flat = write_window(flat, value, size, stride, offset)
+    else:
+        written = write_window(reinterpret(flat, _dtypes.to_jax(dtype)), value, size, stride, offset)
+        flat = reinterpret(written, flat.dtype)[: flat.shape[0]]
     return from_flat(flat, base.shape, base_stride)
