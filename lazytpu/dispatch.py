@@ -543,7 +543,7 @@ def _make_view_plan(func, args, kwargs, src):
     template, values = flatten(args, kwargs, _pick)
     meta_out = infer_meta(func, template, values)
     metas = [meta_out] if isinstance(meta_out, torch.Tensor) else list(meta_out)
-    if any(m.dtype != src.dtype and not _reinterpretable(src.dtype, m.dtype) for m in metas):
+    if any(m.dtype != src.dtype and not _reinterpretable(func, src.dtype, m.dtype) for m in metas):
         return False
     nbytes = src._lt_desc.storage_numel * src.dtype.itemsize
     descs = tuple(describe(m.shape, m.stride(), m.storage_offset(), nbytes // m.dtype.itemsize, m.dtype) for m in metas)
@@ -553,12 +553,15 @@ def _make_view_plan(func, args, kwargs, src):
 
 
 _NOT_REINTERPRETED = frozenset({torch.bool, torch.complex32})
+# Views that reinterpret their input's bytes; others whose schema may alias (``to.dtype``)
+# convert when the dtype changes.
+_REINTERPRETING = frozenset({aten.view.dtype, aten.view_as_real.default, aten.view_as_complex.default})
 
 
-def _reinterpretable(src: torch.dtype, dst: torch.dtype) -> bool:
+def _reinterpretable(func, src: torch.dtype, dst: torch.dtype) -> bool:
     """A dtype-changing view is a window on its base's storage (Note [Dtype views]),
     except for bool and complex32 (stored as complex64): those are computed as values."""
-    return src not in _NOT_REINTERPRETED and dst not in _NOT_REINTERPRETED
+    return func in _REINTERPRETING and src not in _NOT_REINTERPRETED and dst not in _NOT_REINTERPRETED
 
 
 def run_inplace_view(func, args, kwargs):

@@ -557,6 +557,13 @@ def _dtype_view_written(d):
     return [x, bits, base, pairs]
 
 
+def _conversions_are_not_views(d):
+    x = torch.arange(4.0).to(d)
+    converted = [x.to(torch.int32), x.to(dtype=torch.float64), x.type(torch.bfloat16), x.to(torch.float32)]
+    x.add_(0.5)  # ``to`` a new dtype converts (a copy); ``to`` the same dtype returns x itself
+    return [x, *converted]
+
+
 def _overlapping_writes_refused(d):
     x = torch.arange(16.0).reshape(4, 4).to(d)
     errors = []
@@ -615,6 +622,7 @@ def _out_resizes_in_place(d):
 REGRESSIONS = [
     _complex_parts_written,
     _dtype_view_written,
+    _conversions_are_not_views,
     _overlapping_writes_refused,
     _expanded_view_index_put,
     _out_resizes_in_place,
