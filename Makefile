@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-opinfo coverage soak fuzz lint venv clean bench notebooks
+.PHONY: demo test test-opinfo test-contract coverage soak fuzz lint venv clean bench notebooks
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ test: $(STAMP)
 # (not run by CI: .ci/run runs `make test`).
 test-opinfo: $(STAMP)
 	LAZYTPU_OPINFO=full $(BIN)/python -m pytest -q --timeout=900 tests/test_opinfo.py
+
+# The aliasing contract's full matrix: every write form through every view op and to the base
+# (the default run applies a rotating third of the forms per view op).
+test-contract: $(STAMP)
+	LAZYTPU_CONTRACT=full $(BIN)/python -m pytest -q --timeout=900 tests/test_aliasing_contract.py
 
 # Op coverage table over op_db: docs/coverage.md and docs/coverage.json.
 coverage: $(STAMP)
