@@ -384,7 +384,7 @@ def _check_generator(kwargs) -> None:
 # depend on sizes (Note [Kernel checks]).
 _KERNEL_ERRORS = re.compile(
     r"not (yet )?implemented for|same dtype|expected scalar type|Dimension out of range|destination dtypes match"
-    r"|not supported for complex"
+    r"|not supported for complex|p has to be greater than or equal to 1"
 )
 
 
@@ -441,6 +441,7 @@ _KERNEL_CHECKED = frozenset(
         "igammac",
         "gcd",
         "lcm",
+        "mvlgamma",
         "special_zeta",
         "special_erfcx",
         "special_log_ndtr",

@@ -72,6 +72,7 @@ CASES = {
     "requires_grad_int": lambda d: _t(3, dtype=torch.int64).to(d).requires_grad_(),
     "cumsum_dim": lambda d: _t(2, 3).to(d).cumsum(2),
     "clamp_no_bounds": lambda d: _t(3).to(d).clamp(),
+    "mvlgamma_p": lambda d: torch.mvlgamma(_t(3).to(d).abs() + 2, 0),
 }
 
 
