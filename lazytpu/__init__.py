@@ -14,7 +14,7 @@ from __future__ import annotations
 
 # compile and distributed are imported for their registrations: the torch.compile
 # backend "tpu" and the torch.distributed backend "tpu_dist".
-from lazytpu import _device, compile, debug, distributed, metrics, runtime  # noqa: F401
+from lazytpu import _device, bounds, compile, debug, distributed, metrics, runtime  # noqa: F401
 from lazytpu.engine import EagerMode, sync_all
 from lazytpu.tensor import LazyTensor
 
@@ -28,3 +28,5 @@ def sync() -> None:
 
 
 _device.register()
+if bounds.enabled():
+    bounds.install()

@@ -102,7 +102,7 @@ DEBUG = Flag(
     "LAZYTPU_DEBUG",
     frozenset(),
     lambda n, r: frozenset(p.strip() for p in r.split(",") if p.strip()),
-    "Comma list: 'recompile' logs why each recompile happened to stderr.",
+    "Comma list: 'recompile' logs why each recompile happened to stderr; 'bounds' checks index tensors.",
 )
 DUMP_DIR = Flag(
     "LAZYTPU_DUMP_DIR",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -171,3 +173,57 @@ print(os.waitstatus_to_exitcode(status))
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "0"
+
+
+_BOUNDS_SCRIPT = """
+import json, sys, torch, lazytpu
+import torch.nn.functional as F
+x = torch.arange(6.0).reshape(3, 2)
+i = torch.tensor([0, 5])
+cases = {
+    "index": lambda t, j: t[j],
+    "index_put_": lambda t, j: t.index_put_((j,), torch.tensor(1.0).to(t.device)),
+    "gather": lambda t, j: torch.gather(t, 0, j.reshape(2, 1).expand(2, 2)),
+    "index_select": lambda t, j: t.index_select(0, j),
+    "embedding": lambda t, j: F.embedding(j, t),
+    "scatter_add": lambda t, j: t.scatter_add(0, j.reshape(2, 1).expand(2, 2), torch.ones(2, 2).to(t.device)),
+    "cross_entropy": lambda t, j: F.cross_entropy(t, torch.cat([j, j[:1]]).to(t.device)),
+    "pending_index": lambda t, j: t[j * 1],  # the index is computed in the program: checked after it runs
+    "in_bounds": lambda t, j: t[j.clamp(max=2)],
+}
+out = {}
+for name, f in cases.items():
+    try:
+        f(x.clone(), i)
+        cpu = None
+    except Exception as e:
+        cpu = [type(e).__name__, str(e)]
+    try:
+        f(x.clone().to("tpu"), i.to("tpu"))
+        lazytpu.sync()
+        tpu = None
+    except Exception as e:
+        tpu = [type(e).__name__, str(e)]
+    out[name] = [cpu, tpu]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("flag", ["bounds", ""])
+def test_bounds_debug_mode_raises_torchs_index_errors(tmp_path, flag):
+    """Note [Index bounds]: with LAZYTPU_DEBUG=bounds an out-of-range index tensor raises CPU torch's error
+    (type and message) naming the line that recorded the op; without it, nothing is checked (XLA's clamping)."""
+    script = tmp_path / "bounds.py"
+    script.write_text(_BOUNDS_SCRIPT)
+    env = {**os.environ, "LAZYTPU_DEBUG": flag}
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert results.pop("in_bounds") == [None, None]
+    for name, (cpu, tpu) in results.items():
+        assert cpu is not None, name
+        if not flag:
+            assert tpu is None, f"{name}: checked without the flag: {tpu}"
+            continue
+        assert tpu is not None and tpu[0] == cpu[0], f"{name}: {tpu} on tpu, {cpu} on cpu"
+        assert tpu[1].startswith(cpu[1]) and f"recorded at {script}:" in tpu[1], tpu[1]

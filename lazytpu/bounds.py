@@ -1,0 +1,126 @@
+"""Index bounds checks, on request (``LAZYTPU_DEBUG=bounds``).
+
+Note [Index bounds]: an integer index *tensor* out of range is not checked
+by default (docs/limitations.md): checking needs the index values on the
+host, which would end the program at every indexing op. As in XLA, gathers
+clamp and scatters drop such indices. With ``LAZYTPU_DEBUG=bounds`` every op
+below snapshots its integer index tensors when recorded and, once they are
+computed (at the next flush: Note [Deferred checks]), runs itself on the CPU
+with those indices and data-free stand-ins for the other tensors, so that
+torch raises its own error (type and message), with the ``file:line`` that
+recorded the op. This costs a host read of the indices per op and a
+blocking flush: a debugging mode, not a training one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lazytpu import _config, debug, dispatch, hostio
+from lazytpu.dispatch import DATA_DEPENDENT, MetaUnavailable, cpu_fallback, handles, record
+from lazytpu.engine import context
+from lazytpu.ir import Output
+from lazytpu.lowering import get_rule
+from lazytpu.tensor import LazyTensor
+
+aten = torch.ops.aten
+
+# ops that index with integer tensors (each checked op records as usual when the mode is off)
+CHECKED = (
+    aten.index.Tensor,
+    aten.index_put.default,
+    aten.gather.default,
+    aten.index_select.default,
+    aten.embedding.default,
+    aten.scatter.src,
+    aten.scatter.value,
+    aten.scatter_add.default,
+    aten.scatter_reduce.two,
+    aten.index_add.default,
+    aten.index_copy.default,
+    aten.take.default,
+    aten.nll_loss_forward.default,
+)
+
+
+def enabled() -> bool:
+    return "bounds" in _config.DEBUG.value
+
+
+_INSTALLED: list = []
+
+
+def install() -> None:
+    """Route the checked ops through ``checked`` (idempotent). lazytpu does
+    this at import when ``LAZYTPU_DEBUG`` has ``bounds``; otherwise these ops
+    stay on dispatch's recorded fast path."""
+    if _INSTALLED:
+        return
+    handles(*CHECKED)(checked)
+    for op in CHECKED:
+        dispatch._RECORDED.pop(op, None)  # dispatch tries recorded ops before handlers
+    _INSTALLED.append(True)
+
+
+def checked(func, args, kwargs):
+    """Record ``func``; with bounds checks on, check its indices once computed."""
+    try:
+        out = record(func, args, kwargs, get_rule(func))
+    except MetaUnavailable:
+        return cpu_fallback(func, args, kwargs, data_dependent=func in DATA_DEPENDENT)
+    if enabled():
+        _check_later(func, args, kwargs)
+    return out
+
+
+def _is_index(x) -> bool:
+    return type(x) is LazyTensor and not x.is_floating_point() and not x.is_complex()
+
+
+def _map(x, fn):
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map(y, fn) for y in x)
+    return fn(x) if type(x) is LazyTensor else x
+
+
+def _check_later(func, args, kwargs) -> None:
+    # snapshots: later in-place writes to an index tensor must not change what this op used
+    snap_args = _map(args, lambda t: t.clone() if _is_index(t) else t)
+    snap_kwargs = {k: _map(v, lambda t: t.clone() if _is_index(t) else t) for k, v in kwargs.items()}
+    where = debug.source_line()
+
+    def stand_in(t):
+        if _is_index(t):
+            return hostio.to_cpu(t)
+        return torch.zeros((), dtype=t.dtype).expand(t.shape)  # no data, no memory
+
+    def check():
+        cpu_args = _map(snap_args, stand_in)
+        cpu_kwargs = {k: _map(v, stand_in) for k, v in snap_kwargs.items()}
+        try:
+            with torch.no_grad():
+                func(*cpu_args, **cpu_kwargs)
+        except (IndexError, RuntimeError) as exc:
+            at = f" ({func} recorded at {where})" if where else ""
+            raise type(exc)(f"{exc}{at}").with_traceback(None) from None
+
+    pending = [t for t in _indices(snap_args, snap_kwargs) if type(t._lt_storage.value) is Output]
+    if pending:
+        context(pending[0].device.index or 0).defer_check(check)
+    else:
+        check()
+
+
+def _indices(args, kwargs) -> list:
+    found: list = []
+
+    def visit(x):
+        if isinstance(x, (list, tuple)):
+            for y in x:
+                visit(y)
+        elif _is_index(x):
+            found.append(x)
+
+    visit(args)
+    visit(list(kwargs.values()))
+    return found
