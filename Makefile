@@ -29,7 +29,7 @@ test-opinfo: $(STAMP)
 	LAZYTPU_OPINFO=full $(BIN)/python -m pytest -q --timeout=900 tests/test_opinfo.py
 
 # The aliasing contract's full matrix: every write form through every view op and to the base
-# (the default run applies a rotating third of the forms per view op).
+# (the default run applies a rotating sixth of the forms per view op).
 test-contract: $(STAMP)
 	LAZYTPU_CONTRACT=full $(BIN)/python -m pytest -q --timeout=900 tests/test_aliasing_contract.py
 

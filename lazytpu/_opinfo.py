@@ -73,7 +73,7 @@ RANDOM_ENTRIES = frozenset(
 CPU_ARGUMENTS = frozenset({"tensor_split"})
 # Note [OpInfo slices]: samples per case, and the default slice's stride.
 MAX_SAMPLES = {"forward": 32, "forward_other": 8, "grad": 8, "strict": 4}
-SLICE_EVERY = 3
+SLICE_EVERY = 4
 STRICT_EVERY = 10
 
 

@@ -18,7 +18,7 @@ import lazytpu
 
 hypothesis.settings.register_profile(
     "ci",
-    max_examples=15,
+    max_examples=25,
     deadline=None,
     derandomize=True,
     suppress_health_check=[hypothesis.HealthCheck.too_slow, hypothesis.HealthCheck.data_too_large],
