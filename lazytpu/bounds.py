@@ -104,23 +104,10 @@ def _check_later(func, args, kwargs) -> None:
             at = f" ({func} recorded at {where})" if where else ""
             raise type(exc)(f"{exc}{at}").with_traceback(None) from None
 
-    pending = [t for t in _indices(snap_args, snap_kwargs) if type(t._lt_storage.value) is Output]
+    indices: list = []
+    _map((snap_args, list(snap_kwargs.values())), lambda t: indices.append(t) if _is_index(t) else None)
+    pending = [t for t in indices if type(t._lt_storage.value) is Output]
     if pending:
         context(pending[0].device.index or 0).defer_check(check)
     else:
         check()
-
-
-def _indices(args, kwargs) -> list:
-    found: list = []
-
-    def visit(x):
-        if isinstance(x, (list, tuple)):
-            for y in x:
-                visit(y)
-        elif _is_index(x):
-            found.append(x)
-
-    visit(args)
-    visit(list(kwargs.values()))
-    return found

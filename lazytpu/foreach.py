@@ -301,14 +301,15 @@ def _record(batch: _Batch, values: list):
 
 def _overlapping(batch: _Batch, values: list) -> bool:
     """Whether an element writes a storage another element uses."""
+    if len(batch.targets) == 1:
+        return False  # one element reads all its inputs before it writes
     written = {id(values[t]._lt_storage): i for i, t in enumerate(batch.targets)}
     if len(written) != len(batch.targets):
         return True
-    n = len(batch.targets)
     for r in batch.recipe:
         v = values[r]
         if type(v) is LazyTensor:
             owner = written.get(id(v._lt_storage))
-            if owner is not None and batch.targets[owner] != r and n > 1:
+            if owner is not None and batch.targets[owner] != r:
                 return True
     return False
