@@ -10,6 +10,18 @@ Mode switches and metric snapshots happen outside the timed region. Round 0 is
 the first-step time (compile included); rounds ``warmup..`` are steady state.
 Ratios are medians of per-round ratios (paired neighbours in time, so load
 spikes from other jobs on the machine mostly cancel).
+
+Note [Pipelined steady state]: a step timed with its wait measures the
+latency of one step: host work, then device work, in series. A training loop
+that does not read the loss every step lets the host record step k+1 while
+the device runs step k (lazytpu and JAX dispatch asynchronously), so its
+throughput is bounded by the larger of the two, not their sum. For the
+workloads with an optimizer (a step boundary each step), ``--pipeline N``
+times blocks of N steps followed by one wait, interleaved like the steps
+(one block per variant per round, starting one variant later each round); a
+variant's first block is a warm-up. The time per step is the block's time /
+N. The chain workload has no step boundary (its unread gradients would be
+dead code for a lazy system) and is not pipelined.
 """
 
 from __future__ import annotations
@@ -92,6 +104,8 @@ class Case:
         self.compiled = self.compiled_steady = self.executed_steady = 0
         self.steady_steps = 0
         self.fallbacks: collections.Counter = collections.Counter()
+        self.block_times: list[float] = []  # Note [Pipelined steady state]: wall seconds per step, by block
+        self.block_cpu_times: list[float] = []
 
     def setup(self) -> None: ...
 
@@ -101,6 +115,10 @@ class Case:
 
     def timed_step(self) -> tuple[float, float, float | None]:
         """One step with its wait: (wall seconds, CPU seconds, loss)."""
+        raise NotImplementedError
+
+    def timed_block(self, n: int) -> tuple[float, float]:
+        """``n`` steps, then one wait (Note [Pipelined steady state]): (wall, CPU) seconds per step."""
         raise NotImplementedError
 
     def counters(self) -> dict[str, Any]:
@@ -130,6 +148,13 @@ class TorchCase(Case):
         value = self.w.step().item()
         return *timer.stop(), value
 
+    def timed_block(self, n: int):
+        timer = _Timer()
+        for _ in range(n):
+            loss = self.w.step()
+        loss.item()
+        return timer.stop(per=n)
+
     def counters(self):
         if self.variant != "compile":
             return super().counters()
@@ -156,6 +181,14 @@ class LazyCase(Case):
         value = self.w.step().item()
         torch.tpu.synchronize()
         return *timer.stop(), value
+
+    def timed_block(self, n: int):
+        timer = _Timer()
+        for _ in range(n):
+            loss = self.w.step()
+        loss.item()
+        torch.tpu.synchronize()
+        return timer.stop(per=n)
 
     def counters(self):
         snap = lazytpu.metrics.snapshot()
@@ -196,6 +229,13 @@ class JaxCase(Case):
         self.jw.wait()
         wall, cpu = timer.stop()
         return wall, cpu, float(loss)
+
+    def timed_block(self, n: int):
+        timer = _Timer()
+        for _ in range(n):
+            self.jw.step()
+        self.jw.wait()
+        return timer.stop(per=n)
 
     def counters(self):
         return {"compiled": self.jw.jitted._cache_size(), "executed": 0, "fallbacks": {}}
@@ -324,6 +364,32 @@ def _run_workload(cases: list[Case], rounds: int, warmup: int, bar) -> None:
                 bar.update(1)
 
 
+PIPELINED = ("mlp_b32", "mlp_b256", "transformer")  # the workloads with an optimizer step
+
+
+def _run_pipelined(cases: list[Case], n: int, rounds: int, bar) -> None:
+    """Note [Pipelined steady state]: one warm-up block, then ``rounds`` timed blocks per case."""
+    for r in range(rounds + 1):
+        live = [c for c in cases if c.status == "ok"]
+        if not live:
+            return
+        k = r % len(live)
+        for case in live[k:] + live[:k]:
+            if bar is not None:
+                bar.set_postfix_str(f"{case.workload}/{case.variant} pipelined", refresh=False)
+            try:
+                with case.around():
+                    wall, cpu = case.timed_block(n)
+            except Exception as exc:  # noqa: BLE001
+                case.fail("error", exc)
+                continue
+            if r:
+                case.block_times.append(wall)
+                case.block_cpu_times.append(cpu)
+            if bar is not None:
+                bar.update(n)
+
+
 def _git(*args: str) -> str:
     try:
         out = subprocess.run(
@@ -379,6 +445,13 @@ def _case_result(case: Case, warmup: int) -> dict[str, Any]:
         )
         if case.variant in ("defer", "strict", "tpu_compile") and case.steady_steps:
             out["programs_per_step"] = case.executed_steady / case.steady_steps
+    if case.block_times:
+        out.update(
+            pipelined_median_s=statistics.median(case.block_times),
+            pipelined_cpu_median_s=statistics.median(case.block_cpu_times),
+            pipelined_s=case.block_times,
+            pipelined_cpu_s=case.block_cpu_times,
+        )
     return out
 
 
@@ -397,8 +470,9 @@ def main(args, env: dict) -> int:
     if not args.no_progress:
         from tqdm import tqdm  # noqa: PLC0415
 
+        blocks = sum(w in PIPELINED for w in args.workloads) * (args.pipeline_rounds + 1) * args.pipeline
         bar = tqdm(
-            total=len(args.workloads) * len(args.variants) * rounds,
+            total=len(args.variants) * (len(args.workloads) * rounds + blocks),
             unit="step",
             file=sys.stderr,
             dynamic_ncols=True,
@@ -413,6 +487,8 @@ def main(args, env: dict) -> int:
             bar.update(rounds * sum(c.status != "ok" for c in cases))
             bar.set_description(workload)
         _run_workload(cases, rounds, args.warmup, bar)
+        if args.pipeline and workload in PIPELINED:
+            _run_pipelined(cases, args.pipeline, args.pipeline_rounds, bar)
         results += [_case_result(c, args.warmup) for c in cases]
         for c in cases:
             c.free()
@@ -435,6 +511,8 @@ def main(args, env: dict) -> int:
         "warmup": args.warmup,
         "small": small,
         "record_ops": args.record_ops,
+        "pipeline": args.pipeline,
+        "pipeline_rounds": args.pipeline_rounds,
         "threads": env["threads"],
         "cores_available": env["cores_available"],
         "env": env["env"],

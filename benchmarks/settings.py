@@ -46,6 +46,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="compute threads for every variant (0: all cores)")
     p.add_argument("--workloads", default=",".join(WORKLOAD_NAMES), help="comma list of " + ", ".join(WORKLOAD_NAMES))
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma list of " + ", ".join(VARIANTS))
+    p.add_argument(
+        "--pipeline",
+        type=int,
+        default=10,
+        help="steps per wait in the pipelined measurement of the optimizer workloads (0: skip it)",
+    )
+    p.add_argument(
+        "--pipeline-rounds", type=int, default=8, help="pipelined blocks timed per variant (after one warm-up)"
+    )
     p.add_argument("--record-ops", type=int, default=256, help="ops per timed batch in the recording benchmark")
     p.add_argument("--small", action="store_true", help="tiny sizes (a smoke test of the suite, not a measurement)")
     p.add_argument("--out", default=DEFAULT_RESULTS, help="directory for results.json and results.png")
@@ -63,6 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"unknown variant {v!r}: expected one of {', '.join(VARIANTS)}")
     if args.steps < 1 or args.warmup < 1:
         p.error("--steps and --warmup must be at least 1")
+    if args.pipeline < 0 or args.pipeline_rounds < 1:
+        p.error("--pipeline must be >= 0 and --pipeline-rounds >= 1")
     return args
 
 

@@ -89,12 +89,32 @@ def test_suite_entry_point_smoke(tmp_path):
         "defer,cpu,jax",
         "--workloads",
         "mlp_b32,record",
+        "--pipeline",
+        "2",
+        "--pipeline-rounds",
+        "2",
         "--out",
         str(tmp_path),
     ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((tmp_path / "results.json").read_text())
-    assert {c["status"] for c in data["cases"] if c["workload"] == "mlp_b32"} == {"ok"}
+    mlp = [c for c in data["cases"] if c["workload"] == "mlp_b32"]
+    assert {c["status"] for c in mlp} == {"ok"}
     assert {t["result"] for t in data["targets"]} <= {"PASS", "FAIL", "N/A", "NO DATA"}
     assert "Targets" in proc.stdout
+    # Note [Pipelined steady state]: the optimizer workload is also timed in blocks (one warm-up block untimed)
+    assert all(len(c["pipelined_s"]) == 2 and c["pipelined_median_s"] > 0 for c in mlp)
+    assert not any("pipelined_s" in c for c in data["cases"] if c["workload"] == "record")
+    assert data["pipelined_ratios"]["mlp_b32"]["defer/jax"] > 0
+    assert "Pipelined steady state: 2 steps per wait" in proc.stdout
+
+
+def test_floor_entry_point_smoke():
+    """``python -m benchmarks.floor`` (torch.compile's own host cost with a null backend) runs end to end."""
+    cmd = [sys.executable, "-m", "benchmarks.floor", "--small", "--steps", "3", "--workloads", "mlp_b32,transformer"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(("mlp_b32", "transformer"))]
+    assert [r[0] for r in rows] == ["mlp_b32", "transformer"]
+    assert all(float(r[1]) > 0 and float(r[3]) > 0 for r in rows)  # null-backend ms, jax.jit ms
