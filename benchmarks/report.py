@@ -72,6 +72,21 @@ def _check(value: float | None, cmp: str, bound: float) -> str:
     return "PASS" if ok else "FAIL"
 
 
+def _target(desc, metric, workload, cmp, bound, value, cpu_value, jax_value=None) -> dict[str, Any]:
+    return {
+        "target": desc,
+        "metric": metric,
+        "workload": workload,
+        "cmp": cmp,
+        "bound": bound,
+        "value": value,
+        "result": _check(value, cmp, bound),
+        "cpu_time_value": cpu_value,
+        "cpu_time_result": _check(cpu_value, cmp, bound),
+        "jax_value": jax_value,
+    }
+
+
 def build(meta: dict, cases: list[dict]) -> dict[str, Any]:
     """Everything the JSON holds: meta, per-case results, ratios and targets."""
     warmup = meta["warmup"]
@@ -96,22 +111,8 @@ def build(meta: dict, cases: list[dict]) -> dict[str, Any]:
     for metric, w, cmp, bound, desc in PIPELINED_TARGETS:
         if w not in pipelined or (pipelined[w][metric] is None and pipelined_cpu[w][metric] is None):
             continue
-        value, cpu_value = pipelined[w][metric], pipelined_cpu[w][metric]
-        targets.append(
-            {
-                "target": desc,
-                "metric": metric,
-                "workload": w,
-                "cmp": cmp,
-                "bound": bound,
-                "value": value,
-                "result": _check(value, cmp, bound),
-                "cpu_time_value": cpu_value,
-                "cpu_time_result": _check(cpu_value, cmp, bound),
-                "jax_value": None,
-                "pipelined": True,
-            }
-        )
+        targets.append(_target(desc, metric, w, cmp, bound, pipelined[w][metric], pipelined_cpu[w][metric]))
+        targets[-1]["pipelined"] = True
     for metric, w, cmp, bound, desc in TARGETS:
         if w not in workloads:
             continue
@@ -123,21 +124,9 @@ def build(meta: dict, cases: list[dict]) -> dict[str, Any]:
             cpu_value = case["cpu_median_s"] * 1e6 if case.get("cpu_median_s") is not None else None
         else:
             value, cpu_value = ratios[w][metric], cpu_ratios[w][metric]
-        targets.append(
-            {
-                "target": desc,
-                "metric": metric,
-                "workload": w,
-                "cmp": cmp,
-                "bound": bound,
-                "value": value,
-                "result": _check(value, cmp, bound),
-                "cpu_time_value": cpu_value,
-                "cpu_time_result": _check(cpu_value, cmp, bound),
-                # the same ratio for hand-written jax.jit in place of defer (the physics' ceiling)
-                "jax_value": ratios[w].get("strict/jax") if metric == "strict/defer" else None,
-            }
-        )
+        # the same ratio for hand-written jax.jit in place of defer (the physics' ceiling)
+        jax_value = ratios[w].get("strict/jax") if metric == "strict/defer" else None
+        targets.append(_target(desc, metric, w, cmp, bound, value, cpu_value, jax_value))
     for w in workloads:
         if w not in TRAINING:
             continue

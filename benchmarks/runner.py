@@ -330,38 +330,43 @@ def _make_case(workload: str, variant: str, small: bool, record_ops: int, compil
     return case
 
 
-def _run_workload(cases: list[Case], rounds: int, warmup: int, bar) -> None:
+def _rounds(cases: list[Case], rounds: int):
+    """(round, case) in Note [Interleaving]'s order: round-robin over the cases still ok,
+    starting one case later each round."""
     for r in range(rounds):
         live = [c for c in cases if c.status == "ok"]
-        if not live:
-            return
-        k = r % len(live)
+        k = r % max(1, len(live))
         for case in live[k:] + live[:k]:
+            yield r, case
+
+
+def _run_workload(cases: list[Case], rounds: int, warmup: int, bar) -> None:
+    for r, case in _rounds(cases, rounds):
+        if bar is not None:
+            bar.set_postfix_str(f"{case.workload}/{case.variant}", refresh=False)
+        try:
+            with case.around():
+                before = case.counters()
+                wall, cpu, value = case.timed_step()
+                after = case.counters()
+        except Exception as exc:  # noqa: BLE001
+            case.fail("error", exc)
             if bar is not None:
-                bar.set_postfix_str(f"{case.workload}/{case.variant}", refresh=False)
-            try:
-                with case.around():
-                    before = case.counters()
-                    wall, cpu, value = case.timed_step()
-                    after = case.counters()
-            except Exception as exc:  # noqa: BLE001
-                case.fail("error", exc)
-                if bar is not None:
-                    bar.update(rounds - r)
-                continue
-            case.times.append(wall)
-            case.cpu_times.append(cpu)
-            case.losses.append(value)
-            compiled = after["compiled"] - before["compiled"]
-            case.compiled += compiled
-            for op, n in after["fallbacks"].items():
-                case.fallbacks[op] += n - before["fallbacks"].get(op, 0)
-            if r >= warmup:
-                case.steady_steps += 1
-                case.compiled_steady += compiled
-                case.executed_steady += after["executed"] - before["executed"]
-            if bar is not None:
-                bar.update(1)
+                bar.update(rounds - r)
+            continue
+        case.times.append(wall)
+        case.cpu_times.append(cpu)
+        case.losses.append(value)
+        compiled = after["compiled"] - before["compiled"]
+        case.compiled += compiled
+        for op, n in after["fallbacks"].items():
+            case.fallbacks[op] += n - before["fallbacks"].get(op, 0)
+        if r >= warmup:
+            case.steady_steps += 1
+            case.compiled_steady += compiled
+            case.executed_steady += after["executed"] - before["executed"]
+        if bar is not None:
+            bar.update(1)
 
 
 PIPELINED = ("mlp_b32", "mlp_b256", "transformer")  # the workloads with an optimizer step
@@ -369,25 +374,20 @@ PIPELINED = ("mlp_b32", "mlp_b256", "transformer")  # the workloads with an opti
 
 def _run_pipelined(cases: list[Case], n: int, rounds: int, bar) -> None:
     """Note [Pipelined steady state]: one warm-up block, then ``rounds`` timed blocks per case."""
-    for r in range(rounds + 1):
-        live = [c for c in cases if c.status == "ok"]
-        if not live:
-            return
-        k = r % len(live)
-        for case in live[k:] + live[:k]:
-            if bar is not None:
-                bar.set_postfix_str(f"{case.workload}/{case.variant} pipelined", refresh=False)
-            try:
-                with case.around():
-                    wall, cpu = case.timed_block(n)
-            except Exception as exc:  # noqa: BLE001
-                case.fail("error", exc)
-                continue
-            if r:
-                case.block_times.append(wall)
-                case.block_cpu_times.append(cpu)
-            if bar is not None:
-                bar.update(n)
+    for r, case in _rounds(cases, rounds + 1):
+        if bar is not None:
+            bar.set_postfix_str(f"{case.workload}/{case.variant} pipelined", refresh=False)
+        try:
+            with case.around():
+                wall, cpu = case.timed_block(n)
+        except Exception as exc:  # noqa: BLE001
+            case.fail("error", exc)
+            continue
+        if r:
+            case.block_times.append(wall)
+            case.block_cpu_times.append(cpu)
+        if bar is not None:
+            bar.update(n)
 
 
 def _git(*args: str) -> str:
