@@ -91,9 +91,7 @@ def test_writes_through_views_and_repeated_targets_keep_torchs_order(mode):
     def program(device):
         base = torch.arange(12.0).reshape(3, 4).to(device)
         rows = list(base.unbind(0))
-        torch._foreach_add_(
-            rows, [base[1], base[2], base[0]]
-        )  # row 2 adds the new row 0
+        torch._foreach_add_(rows, [base[1], base[2], base[0]])  # row 2 adds the new row 0
         x = torch.ones(3).to(device)
         torch._foreach_mul_([x, x], 3.0)  # x *= 3 twice
         v = torch.zeros(2, 3).to(device)
