@@ -154,15 +154,14 @@ class DeviceContext:
         """
         with self.graph.lock:
             self.fold_metrics()
-            roots, replaced = self.graph.roots_and_replaced()
+            roots = self.graph.roots()
             metrics.count("syncs", reason)
             execute, self.collective_runner = self.collective_runner or runtime.execute, None
             if not roots:
                 self.graph.pending_ops = 0  # whatever was pending is dead
                 return ()
+            program, inputs, distinct = build_program(roots)
             held = self.graph.held_buffers()
-            successors = {r: d for r, d in replaced.items() if id(d.buffer) not in held}
-            program, inputs, distinct = build_program(roots, successors)
             donate = tuple(
                 i
                 for i, (kind, buf) in enumerate(zip(program.input_kinds, inputs))

@@ -37,37 +37,6 @@ def test_updated_parameter_buffer_is_donated():
     assert old.is_deleted()  # its memory went to the new weight
 
 
-def _pointers(tensors):
-    return [_buffer(t).unsafe_buffer_pointer() for t in tensors]
-
-
-@pytest.mark.parametrize("compiled", [False, True], ids=["defer", "torch_compile"])
-def test_parameters_are_updated_in_their_own_memory(compiled):
-    """Note [Successor outputs]: each donated parameter is aliased to its own
-    update, not to its gradient (same shape, pending earlier in the step); the
-    update then writes where the parameter was, with no copy of it first."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32)).to("tpu")
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(8, 16).to("tpu")
-    forward = torch.compile(model, backend="tpu") if compiled else model
-    step = torch.compile(opt.step, backend="tpu") if compiled else opt.step
-
-    def train():
-        opt.zero_grad(set_to_none=True)
-        forward(x).square().mean().backward()
-        step()
-        lazytpu.sync()
-
-    for _ in range(3):
-        train()
-    params = list(model.parameters())
-    before = _pointers(params)
-    train()
-    assert _pointers(params) == before
-    assert not set(_pointers([p.grad for p in params])) & set(before)
-
-
 def test_live_buffers_stay_flat_across_steps():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).to("tpu")

@@ -70,14 +70,8 @@ def _topo_order(roots: list[Output]) -> list[Node]:
     return order
 
 
-def build_program(roots: list[Output], successors: dict | None = None) -> tuple[Program, list, list[Output]]:
+def build_program(roots: list[Output]) -> tuple[Program, list, list[Output]]:
     """Collect everything ``roots`` depend on.
-
-    Args:
-        roots: the values to compute, in the order they became pending.
-        successors: for some roots, the input ``Data`` the root replaces in
-            its storage and that the program may overwrite (Note [Successor
-            outputs]): those roots are the first outputs, in input order.
 
     Returns:
         The program, the runtime values of its inputs (device buffers and
@@ -118,30 +112,6 @@ def build_program(roots: list[Output], successors: dict | None = None) -> tuple[
         all_refs.append(refs)
         key_parts.append((node.sig, refs))
     distinct = list(dict.fromkeys(roots))
-    if successors:
-        distinct = _successors_first(distinct, successors, buffer_slot)
     outputs = tuple((position[id(r.node)], r.index) for r in distinct)
     key = (tuple(key_parts), tuple(kinds), outputs)
     return Program(key, nodes, all_refs, tuple(kinds), outputs), inputs, distinct
-
-
-def _successors_first(roots: list[Output], successors: dict, buffer_slot: dict) -> list[Output]:
-    """Note [Successor outputs]: JAX aliases each donated input to the first
-    output not aliased yet with the same shape and dtype, in output order. A
-    step's gradients become pending before its parameter updates, so in
-    first-pending order a parameter's buffer would be aliased to its
-    gradient, which XLA can only write there after copying the parameter
-    (still read by the update): a full copy of every parameter per step. The
-    output that replaces an input in its storage goes first instead, in
-    input order, so each donated input is aliased to its own successor."""
-    first = []
-    for i, root in enumerate(roots):
-        data = successors.get(root)
-        slot = None if data is None else buffer_slot.get(id(data.buffer))
-        if slot is not None:
-            first.append((slot, i))
-    if not first:
-        return roots
-    first.sort()
-    chosen = {i for _, i in first}
-    return [roots[i] for _, i in first] + [r for i, r in enumerate(roots) if i not in chosen]

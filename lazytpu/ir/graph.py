@@ -32,13 +32,12 @@ class Storage:
     and memory strides ``stride`` (Note [Views as strides] in lowering/views).
     """
 
-    __slots__ = ("value", "graph", "stride", "replaced", "__weakref__")
+    __slots__ = ("value", "graph", "stride", "__weakref__")
 
     def __init__(self, value, graph: PendingGraph, stride: tuple[int, ...]) -> None:
         self.value = value
         self.graph = graph
         self.stride = stride
-        self.replaced = None  # Note [Successor outputs]
         ref = weakref.ref(self)
         graph.storages.append(ref)
         if type(value) is Output:
@@ -46,11 +45,9 @@ class Storage:
 
     def bind(self, value) -> None:
         """Re-bind to a new value (an in-place write or a sync's result)."""
-        if type(value) is Output:
-            if type(self.value) is Data:
-                self.replaced = weakref.ref(self.value)  # Note [Successor outputs]
-            self.graph.pending.append(weakref.ref(self))
         self.value = value
+        if type(value) is Output:
+            self.graph.pending.append(weakref.ref(self))
 
     @property
     def pending(self) -> bool:
@@ -98,21 +95,10 @@ class PendingGraph:
 
     def roots(self) -> list[Output]:
         """Every pending value a sync must materialize (rng included)."""
-        return self.roots_and_replaced()[0]
-
-    def roots_and_replaced(self) -> tuple[list[Output], dict[Output, Data]]:
-        """``roots()``, and for each root the materialized value its storage
-        held before it became pending, where it held one (Note [Successor outputs])."""
-        outs, replaced = [], {}
-        for s in self.pending_storages():
-            outs.append(s.value)
-            if s.replaced is not None:
-                data = s.replaced()
-                if data is not None:
-                    replaced[s.value] = data
+        outs = [s.value for s in self.pending_storages()]
         if isinstance(self.rng, Output):
             outs.append(self.rng)
-        return outs, replaced
+        return outs
 
     def live_storages(self) -> list[Storage]:
         """Every live storage (and prune the dead references)."""
@@ -142,7 +128,6 @@ class PendingGraph:
 
         for storage in self.pending_storages():
             storage.value = Failed(error, storage.value.aval)
-            storage.replaced = None
         self.pending.clear()
         if isinstance(self.rng, Output):  # the key state before the failed program is lost with it
             self.rng = None
@@ -152,7 +137,6 @@ class PendingGraph:
         """Replace pending values by the program's results; forget the rest."""
         for storage in self.pending_storages():
             storage.value = results[storage.value]
-            storage.replaced = None
         self.pending.clear()
         if isinstance(self.rng, Output):
             self.rng = results[self.rng]
