@@ -317,6 +317,8 @@ def table(data: dict) -> str:
             notes.append(f"{name}: CPU fallbacks {c['cpu_fallbacks']}")
         if c.get("compiled_in_steady_state"):
             notes.append(f"{name}: {c['compiled_in_steady_state']} recompiles in steady state")
+        if c.get("compiled_in_pipelined"):
+            notes.append(f"{name}: {c['compiled_in_pipelined']} compiles in the timed pipelined blocks")
         if c.get("loss_matches_cpu") is False:
             notes.append(f"{name}: step-0 loss {c['loss_first']} differs from CPU eager")
         one_program = c["variant"] in ("defer", "tpu_compile") and c["workload"] != "record"

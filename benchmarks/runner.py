@@ -106,6 +106,7 @@ class Case:
         self.fallbacks: collections.Counter = collections.Counter()
         self.block_times: list[float] = []  # Note [Pipelined steady state]: wall seconds per step, by block
         self.block_cpu_times: list[float] = []
+        self.compiled_pipelined = 0  # compiles during the timed blocks (should be 0)
 
     def setup(self) -> None: ...
 
@@ -379,13 +380,16 @@ def _run_pipelined(cases: list[Case], n: int, rounds: int, bar) -> None:
             bar.set_postfix_str(f"{case.workload}/{case.variant} pipelined", refresh=False)
         try:
             with case.around():
+                before = case.counters()["compiled"]
                 wall, cpu = case.timed_block(n)
+                compiled = case.counters()["compiled"] - before
         except Exception as exc:  # noqa: BLE001
             case.fail("error", exc)
             continue
         if r:
             case.block_times.append(wall)
             case.block_cpu_times.append(cpu)
+            case.compiled_pipelined += compiled
         if bar is not None:
             bar.update(n)
 
@@ -451,6 +455,7 @@ def _case_result(case: Case, warmup: int) -> dict[str, Any]:
             pipelined_cpu_median_s=statistics.median(case.block_cpu_times),
             pipelined_s=case.block_times,
             pipelined_cpu_s=case.block_cpu_times,
+            compiled_in_pipelined=case.compiled_pipelined,
         )
     return out
 
