@@ -92,6 +92,28 @@ def test_compiles_nothing_after_warmup(setup, read_loss):
     assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {}
 
 
+@pytest.mark.parametrize("read_loss", [True, False], ids=["item", "no_item"])
+def test_stateless_loop_compiles_one_program_from_its_first_step(read_loss):
+    """Note [Deterministic roots]: after a sync with nothing pending (the setup's
+    ``synchronize``), the first step records its roots in the same order as every
+    later step, so an SGD loop (no optimizer state to create) compiles once."""
+    torch.manual_seed(0)
+    model, loss_fn = _mlp_setup()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.tpu.synchronize()
+    torch.tpu.synchronize()  # a second sync: nothing pending at all
+    lazytpu.runtime.clear_caches()  # each program of the loop counts, whatever ran before
+    before = lazytpu.metrics.snapshot()["programs_compiled"]
+    for _ in range(4):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn()
+        loss.backward()
+        opt.step()
+        if read_loss:
+            loss.item()
+    assert lazytpu.metrics.snapshot()["programs_compiled"] - before == 1
+
+
 # In-place ops take a fast path (the functional node bound straight into the
 # target's storage) when the target owns its storage with the result's layout;
 # otherwise (a view, a dtype or layout mismatch) the general write path runs.
