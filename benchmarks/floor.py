@@ -71,13 +71,10 @@ def measure(name: str, steps: int, small: bool = False) -> dict:
 
     import lazytpu  # noqa: F401, PLC0415 (JAX configured as the suite has it: x64 on)
     from benchmarks import jax_workloads as J  # noqa: PLC0415
-    from benchmarks.workloads import WORKLOADS  # noqa: PLC0415
+    from benchmarks.workloads import SMALL_SIZES, WORKLOADS  # noqa: PLC0415
 
     factory, kwargs, _ = WORKLOADS[name]
-    if small:
-        from benchmarks.workloads import SMALL_SIZES  # noqa: PLC0415
-
-        kwargs = SMALL_SIZES[name]
+    kwargs = SMALL_SIZES[name] if small else kwargs
     workload = factory("cpu", **kwargs)
     workload.compile(functools.partial(torch.compile, backend=null_backend), optimizer=True)
     jw = J.BUILDERS[name](factory("cpu", **kwargs).init_state)

@@ -94,16 +94,14 @@ def build(meta: dict, cases: list[dict]) -> dict[str, Any]:
     workloads = list(dict.fromkeys(c["workload"] for c in cases))
     ratios: dict[str, dict[str, float | None]] = {}
     cpu_ratios: dict[str, dict[str, float | None]] = {}
+    pipelined: dict[str, dict[str, float | None]] = {}
+    pipelined_cpu: dict[str, dict[str, float | None]] = {}
     for w in workloads:
         if w == "record":
             continue
         pairs = {name: (by.get((w, a)), by.get((w, b))) for name, (a, b) in RATIOS.items()}
         ratios[w] = {name: _paired_ratio(a, b, warmup) for name, (a, b) in pairs.items()}
         cpu_ratios[w] = {name: _paired_ratio(a, b, warmup, "cpu_times_s") for name, (a, b) in pairs.items()}
-    pipelined: dict[str, dict[str, float | None]] = {}
-    pipelined_cpu: dict[str, dict[str, float | None]] = {}
-    for w in workloads:
-        pairs = {name: (by.get((w, a)), by.get((w, b))) for name, (a, b) in RATIOS.items()}
         if any(c.get("pipelined_s") for c in cases if c["workload"] == w):
             pipelined[w] = {name: _paired_ratio(a, b, 0, "pipelined_s") for name, (a, b) in pairs.items()}
             pipelined_cpu[w] = {name: _paired_ratio(a, b, 0, "pipelined_cpu_s") for name, (a, b) in pairs.items()}

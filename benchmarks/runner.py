@@ -82,6 +82,16 @@ class _Timer:
         return wall / per, cpu / per
 
 
+def _timed_block(n: int, step, wait) -> tuple[float, float]:
+    """``n`` calls of ``step()``, then ``wait`` on the last one's result (Note [Pipelined
+    steady state]): (wall, CPU) seconds per step."""
+    timer = _Timer()
+    for _ in range(n):
+        out = step()
+    wait(out)
+    return timer.stop(per=n)
+
+
 def _short(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}".strip().splitlines()
     return text[0][:300] if text else type(exc).__name__
@@ -150,11 +160,7 @@ class TorchCase(Case):
         return *timer.stop(), value
 
     def timed_block(self, n: int):
-        timer = _Timer()
-        for _ in range(n):
-            loss = self.w.step()
-        loss.item()
-        return timer.stop(per=n)
+        return _timed_block(n, self.w.step, lambda loss: loss.item())
 
     def counters(self):
         if self.variant != "compile":
@@ -184,12 +190,7 @@ class LazyCase(Case):
         return *timer.stop(), value
 
     def timed_block(self, n: int):
-        timer = _Timer()
-        for _ in range(n):
-            loss = self.w.step()
-        loss.item()
-        torch.tpu.synchronize()
-        return timer.stop(per=n)
+        return _timed_block(n, self.w.step, lambda loss: (loss.item(), torch.tpu.synchronize()))
 
     def counters(self):
         snap = lazytpu.metrics.snapshot()
@@ -232,11 +233,7 @@ class JaxCase(Case):
         return wall, cpu, float(loss)
 
     def timed_block(self, n: int):
-        timer = _Timer()
-        for _ in range(n):
-            self.jw.step()
-        self.jw.wait()
-        return timer.stop(per=n)
+        return _timed_block(n, self.jw.step, lambda _: self.jw.wait())
 
     def counters(self):
         return {"compiled": self.jw.jitted._cache_size(), "executed": 0, "fallbacks": {}}
