@@ -158,12 +158,7 @@ class DeviceContext:
             metrics.count("syncs", reason)
             execute, self.collective_runner = self.collective_runner or runtime.execute, None
             if not roots:
-                # Whatever was pending is dead or materialized: forget it all, or a stale entry
-                # would place its storage too early when it next becomes pending (Note
-                # [Deterministic roots]): the first step after a sync of nothing would then
-                # record its roots in another order than every later step, and compile twice.
-                self.graph.pending.clear()
-                self.graph.pending_ops = 0
+                self.graph.forget_pending()  # whatever was pending is dead or materialized
                 return ()
             program, inputs, distinct = build_program(roots)
             held = self.graph.held_buffers()

@@ -122,6 +122,17 @@ class PendingGraph:
             held.add(id(self.rng.buffer))
         return held
 
+    def forget_pending(self) -> None:
+        """A sync found nothing pending: drop the stale entries of ``pending``.
+
+        A stale entry would place its storage too early when it next becomes
+        pending (Note [Deterministic roots]): the first step after a sync of
+        nothing would record its roots in another order than every later
+        step, and compile a second program.
+        """
+        self.pending.clear()
+        self.pending_ops = 0
+
     def fail(self, error: BaseException) -> None:
         """Re-bind every pending value to ``Failed`` (Note [Deferred failures])."""
         from lazytpu.ir.node import Failed
