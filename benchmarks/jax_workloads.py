@@ -6,6 +6,10 @@ every array here is created with an explicit dtype). Training steps donate the
 parameters and optimizer state. Each ``JaxWorkload.step()`` returns the loss
 (not waited on) and keeps the new state; ``wait()`` blocks on everything the
 step produced.
+
+The training steps take ``grads=True`` to also return the step's gradients,
+as the torch step leaves them in ``.grad`` (``python -m benchmarks.floor``
+prices that; the suite times the step without them).
 """
 
 from __future__ import annotations
@@ -77,24 +81,25 @@ def _mlp_loss(params, x, y):
     return _cross_entropy(h, y)
 
 
-def mlp(init: dict[str, Any], lr: float = W.MLP_LR) -> JaxWorkload:
+def mlp(init: dict[str, Any], lr: float = W.MLP_LR, grads: bool = False) -> JaxWorkload:
     linears = [k.split(".")[0] for k in init if k.endswith(".weight")]  # Sequential indices of the Linears
     params = [(_arr(init[f"{i}.weight"]), _arr(init[f"{i}.bias"])) for i in linears]
     x, y = _arr(init["x"]), _arr(init["y"])
 
     def _step(params, x, y):
-        loss, grads = jax.value_and_grad(_mlp_loss)(params, x, y)
-        new = jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads)
-        return new, loss
+        loss, g = jax.value_and_grad(_mlp_loss)(params, x, y)
+        new = jax.tree_util.tree_map(lambda p, g: p - lr * g, params, g)
+        return new, loss, (g if grads else None)
 
     step = jax.jit(_step, donate_argnums=(0,))
-    state = {"params": params, "loss": None}
+    state = {"params": params, "loss": None, "grads": None}
 
     def run():
-        state["params"], state["loss"] = step(state["params"], x, y)
+        state["grads"] = None  # as ``zero_grad(set_to_none=True)``
+        state["params"], state["loss"], state["grads"] = step(state["params"], x, y)
         return state["loss"]
 
-    return JaxWorkload(f"mlp_b{x.shape[0]}", step, run, lambda: (state["params"], state["loss"]))
+    return JaxWorkload(f"mlp_b{x.shape[0]}", step, run, lambda: (state["params"], state["loss"], state["grads"]))
 
 
 # ---------------------------------------------------------------------------
@@ -208,30 +213,33 @@ def _adamw(params, grads, m, v, t, lr, betas, eps, weight_decay):
     return new_p, new_m, new_v
 
 
-def transformer(init: dict[str, Any], opt: dict = W.ADAMW) -> JaxWorkload:
+def transformer(init: dict[str, Any], opt: dict = W.ADAMW, grads: bool = False) -> JaxWorkload:
     cfg = init["config"]
     params = _gpt_params(init)
     inp, tgt = _arr(init["inp"]), _arr(init["tgt"])
     heads = cfg["heads"]
 
     def _step(params, m, v, t, inp, tgt):
-        loss, grads = jax.value_and_grad(_gpt_loss)(params, inp, tgt, heads)
-        params, m, v = _adamw(params, grads, m, v, t, opt["lr"], opt["betas"], opt["eps"], opt["weight_decay"])
-        return params, m, v, loss
+        loss, g = jax.value_and_grad(_gpt_loss)(params, inp, tgt, heads)
+        params, m, v = _adamw(params, g, m, v, t, opt["lr"], opt["betas"], opt["eps"], opt["weight_decay"])
+        return params, m, v, loss, (g if grads else None)
 
     step = jax.jit(_step, donate_argnums=(0, 1, 2))
     zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
-    state = {"params": params, "m": zeros, "v": jax.tree_util.tree_map(jnp.zeros_like, params), "t": 0, "loss": None}
+    state = {"params": params, "m": zeros, "v": jax.tree_util.tree_map(jnp.zeros_like, params), "t": 0}
+    state.update(loss=None, grads=None)
 
     def run():
         state["t"] += 1
         t = jnp.asarray(state["t"], dtype=F32)
-        state["params"], state["m"], state["v"], state["loss"] = step(
+        state["grads"] = None  # as ``zero_grad(set_to_none=True)``
+        state["params"], state["m"], state["v"], state["loss"], state["grads"] = step(
             state["params"], state["m"], state["v"], t, inp, tgt
         )
         return state["loss"]
 
-    return JaxWorkload("transformer", step, run, lambda: (state["params"], state["m"], state["v"], state["loss"]))
+    outputs = ("params", "m", "v", "loss", "grads")
+    return JaxWorkload("transformer", step, run, lambda: tuple(state[k] for k in outputs))
 
 
 # Same keys as ``benchmarks.workloads.WORKLOADS``.

@@ -31,6 +31,7 @@ import shutil
 import sys
 import tempfile
 
+PIPELINE = 10  # steps per wait in the pipelined measurement (Note [Pipelined steady state])
 VARIANTS = ("defer", "strict", "cpu", "compile", "tpu_compile", "jax")
 WORKLOAD_NAMES = ("mlp_b32", "mlp_b256", "chain", "transformer", "record")
 DEFAULT_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -49,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--pipeline",
         type=int,
-        default=10,
+        default=PIPELINE,
         help="steps per wait in the pipelined measurement of the optimizer workloads (0: skip it)",
     )
     p.add_argument(

@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 import torch
 
@@ -119,3 +121,31 @@ def test_floor_entry_point_smoke():
     rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("mlp_b")]
     assert [r[0] for r in rows] == ["mlp_b32", "mlp_b256"]
     assert all(float(r[1]) > 0 and float(r[3]) > 0 for r in rows)  # null-backend ms, jax.jit ms
+    assert all(float(r[-1]) > 0 for r in rows)  # jax.jit+grads / jax.jit
+
+
+def _torch_grads_as_jax_tree(name: str, model: torch.nn.Module):
+    """``model``'s ``.grad`` in the parameter tree the hand-written JAX step uses."""
+    grads = {k: p.grad for k, p in model.named_parameters()}
+    if name == "transformer":
+        return J._gpt_params(grads)
+    linears = [k.split(".")[0] for k in grads if k.endswith(".weight")]
+    return [(J._arr(grads[f"{i}.weight"]), J._arr(grads[f"{i}.bias"])) for i in linears]
+
+
+@pytest.mark.parametrize("name", ("mlp_b32", "transformer"))
+def test_jax_step_with_grads_returns_torchs_gradients(name):
+    """The floor's ``grads=True`` reference step returns the gradients torch
+    leaves in ``.grad``, and the same losses as the suite's step."""
+    cpu = _build(name, "cpu")
+    jw, jgw = J.BUILDERS[name](cpu.init_state), J.BUILDERS[name](cpu.init_state, grads=True)
+    for _ in range(2):
+        expected = cpu.step().item()
+        assert float(jw.step()) == pytest.approx(expected, rel=1e-4, abs=1e-5)
+        assert float(jgw.step()) == pytest.approx(expected, rel=1e-4, abs=1e-5)
+    assert jw.outputs()[-1] is None  # the suite's step keeps its gradients internal
+    got = jax.tree_util.tree_leaves(jgw.outputs()[-1])
+    want = jax.tree_util.tree_leaves(_torch_grads_as_jax_tree(name, cpu.model))
+    assert len(got) == len(want) == len(list(cpu.model.parameters()))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-6)
