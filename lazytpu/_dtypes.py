@@ -47,6 +47,30 @@ def itemsize(dtype: torch.dtype) -> int:
     return dtype.itemsize
 
 
+def number(value, dtype):
+    """A Python number as a 0-d array of the JAX ``dtype``, converted as
+    torch's C++ casts convert it (Note [Python integers wrap]).
+
+    Note [Python integers wrap]: torch turns a Python int into an int64 (or,
+    past int64, uint64) scalar, and an op computing in a narrower integer
+    dtype casts it there modulo 2**bits: ``uint8 + 300`` adds 44 and
+    ``int32 + 2**33`` adds 0. ``jnp.asarray`` raises instead, which would fail
+    the whole deferred program. The ops whose C++ kernels convert their
+    scalar with an overflow check (``fill_``, ``full``, ``masked_fill``,
+    ``clamp``'s bounds, ``alpha``, ...) raise torch's own error at the call:
+    dispatch runs such a call on CPU stand-ins first, once per call signature
+    for an int (``dispatch._check_int_scalars``: an int is static, its value
+    is in the signature) and at every call for a lifted float out of the
+    range of the op's dtype (``dispatch._check_floats``: ``half.fill_(1e6)``).
+    """
+    if type(value) is int and jnp.issubdtype(dtype, jnp.integer):
+        bits = jnp.iinfo(dtype).bits
+        value &= (1 << bits) - 1
+        if jnp.issubdtype(dtype, jnp.signedinteger) and value >> (bits - 1):
+            value -= 1 << bits
+    return jnp.asarray(value, dtype)
+
+
 # Note [complex32 storage]
 # ~~~~~~~~~~~~~~~~~~~~~~~~
 # torch.complex32 (chalf) has no JAX dtype. A complex32 value is stored as a

@@ -233,7 +233,17 @@ class _Plan:
     builds the plan; every later call is one dict lookup, then a node.
     """
 
-    __slots__ = ("template", "descs", "out_avals", "static", "random", "layout", "container", "device_index")
+    __slots__ = (
+        "template",
+        "descs",
+        "out_avals",
+        "static",
+        "random",
+        "layout",
+        "container",
+        "device_index",
+        "float_range",
+    )
 
     def __init__(self, func, template, meta_out, rule, device_index) -> None:
         metas = [meta_out] if isinstance(meta_out, torch.Tensor) else list(meta_out)
@@ -249,6 +259,7 @@ class _Plan:
         self.out_avals = out_avals
         self.static = op_sig(func, template, out_avals)
         self.device_index = device_index
+        self.float_range = None  # Note [Python integers wrap]: see _float_range
         if isinstance(meta_out, torch.Tensor):
             self.layout, self.container = None, None
         else:
@@ -333,6 +344,8 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None):
     if plan is None:
         plan = _make_plan(func, args, kwargs, rule, values)
         _PLANS[key] = plan
+    if plan.float_range is not None:
+        _check_floats(func, plan, values)
     index = plan.device_index
     if index is None:
         index = _device_index(values)
@@ -366,9 +379,13 @@ def _make_plan(func, args, kwargs, rule, values) -> _Plan:
     if rule.random:
         _check_generator(kwargs)
     meta_out = infer_meta(func, template, flat_values)
-    if not rule.random:
-        _check_kernel_dtypes(func, template, flat_values)
-    return _Plan(func, template, meta_out, rule, _kwarg_device_index(kwargs))
+    if rule.random:
+        return _Plan(func, template, meta_out, rule, _kwarg_device_index(kwargs))
+    _check_kernel_dtypes(func, template, flat_values)
+    _check_int_scalars(func, args, kwargs, template, flat_values, meta_out)
+    plan = _Plan(func, template, meta_out, rule, _kwarg_device_index(kwargs))
+    plan.float_range = _float_range(func, flat_values, meta_out)
+    return plan
 
 
 def _check_generator(kwargs) -> None:
@@ -384,7 +401,7 @@ def _check_generator(kwargs) -> None:
 # depend on sizes (Note [Kernel checks]).
 _KERNEL_ERRORS = re.compile(
     r"not (yet )?implemented for|same dtype|expected scalar type|Dimension out of range|destination dtypes match"
-    r"|not supported for complex|p has to be greater than or equal to 1"
+    r"|not supported for complex|p has to be greater than or equal to 1|alpha must not be a floating point"
 )
 
 
@@ -427,6 +444,9 @@ _KERNEL_CHECKED = frozenset(
         "clamp",
         "clamp_min",
         "clamp_max",
+        "threshold",
+        "add",  # a float alpha with bool tensors (meta checks it for the other integer dtypes only)
+        "sub",
         # pointwise special functions (lowering/special.py, pointwise_ext.py): dtypes the CPU kernels lack
         "frac",
         "mish",
@@ -482,19 +502,125 @@ def _check_kernel_dtypes(func, template, values) -> None:
     exact = all(v.numel() == 0 for v in tensors)  # empty inputs: the real call costs nothing
 
     def empty(v):
-        if type(v) is Scalar:
-            return v.value
         return torch.empty(tuple(v.shape) if exact else (0,) * len(v.shape), dtype=v.dtype)
 
-    args, kwargs = fill(template, [empty(v) for v in values])
+    exc = _cpu_error(func, template, values, empty)
+    if exc is not None and (exact or _KERNEL_ERRORS.search(str(exc))):
+        raise type(exc)(str(exc).replace("_cpu", "_tpu")).with_traceback(None) from None
+
+
+def _cpu_error(func, template, values, stand_in) -> Exception | None:
+    """What ``func`` raises on CPU with ``stand_in(t)`` for each tensor value
+    (lifted scalars as they are), or None."""
+    args, kwargs = fill(template, [v.value if type(v) is Scalar else stand_in(v) for v in values])
     if _is_tpu_device(kwargs.get("device")):
         kwargs["device"] = "cpu"
     try:
         with torch.no_grad():
             func(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - only some are re-raised
-        if exact or _KERNEL_ERRORS.search(str(exc)):
-            raise type(exc)(str(exc).replace("_cpu", "_tpu")).with_traceback(None) from None
+    except Exception as exc:  # noqa: BLE001 - the callers choose what to re-raise
+        return exc
+    return None
+
+
+# Ops that take a Python number as an operand, whose CPU kernels check it
+# against the dtype it meets (Note [Python integers wrap] in _dtypes).
+_SCALAR_OPS = frozenset(
+    """add sub rsub mul div true_divide floor_divide remainder fmod eq ne lt le gt ge bitwise_and bitwise_or
+    bitwise_xor bitwise_left_shift bitwise_right_shift __and__ __or__ __xor__ __lshift__ __rshift__ fill full
+    full_like new_full masked_fill where clamp clamp_min clamp_max index_fill addcmul addcdiv lerp threshold
+    hardtanh scatter constant_pad_nd pad""".split()
+)
+
+# Of those, the ones whose kernels convert a float operand with an overflow
+# check too (``half.fill_(1e6)``, ``uint8.clamp(min=-2.7)`` is fine but
+# ``uint8.fill_(-2.7)`` is not); a float is lifted (Note [Scalar lifting]), so
+# its value is checked per call, against the range of the op's dtype.
+_CHECKED_FLOAT_OPS = frozenset(
+    "fill full_like new_full masked_fill index_fill clamp clamp_min clamp_max addcmul scatter threshold hardtanh"
+    " add sub constant_pad_nd pad".split()
+)
+
+# What those checks raise.
+_SCALAR_ERRORS = re.compile(
+    r"without overflow|with a bool tensor is not supported|Promotion for uint16, uint32, uint64"
+)
+
+_INTEGER_DIVISION = frozenset({"floor_divide", "remainder", "fmod"})
+
+
+def _family(func) -> str:
+    name = func._schema.name.split("::")[-1]
+    return name if name.startswith("__") else name.removesuffix("_")
+
+
+def _check_int_scalars(func, args, kwargs, template, values, meta_out) -> None:
+    """Note [Python integers wrap]: a Python int operand that torch's CPU
+    kernel rejects (``uint8.fill_(300)``, ``bool - 1``, ``bool + 2**63``,
+    ``int // 0``) raises torch's error here, at the call, once per call
+    signature (the int's value is part of it); an int that passes is wrapped
+    by the lowering as torch wraps it."""
+    name = _family(func)
+    if name not in _SCALAR_OPS or not any(type(a) is int for a in (*args, *kwargs.values())):
+        return
+    if name in _INTEGER_DIVISION or (name == "div" and kwargs.get("rounding_mode") is not None):
+        _check_integer_division(args, meta_out)
+    _run_on_stand_ins(func, template, values)
+
+
+def _run_on_stand_ins(func, template, values) -> None:
+    """Run ``func`` on CPU with zero tensors standing in for the tensors and
+    the actual scalars; re-raise only what torch's kernels check of the
+    scalars. A stand-in has the tensor's shape when small, else every size
+    above 2 cut to 2 (broadcasting keeps working, the kernel still reaches its
+    conversion: torch skips the check for some one-element and no zero-size
+    calls, so those sizes are kept); zeros, so that nothing divides by garbage."""
+
+    def stand_in(v):
+        return torch.zeros(v.shape if v.numel() <= 64 else tuple(min(n, 2) for n in v.shape), dtype=v.dtype)
+
+    exc = _cpu_error(func, template, values, stand_in)
+    if exc is not None and _SCALAR_ERRORS.search(str(exc)):
+        raise type(exc)(str(exc)).with_traceback(None) from None
+
+
+def _check_integer_division(args, meta_out) -> None:
+    """torch's integer division kernels raise for a zero divisor (checked per
+    element, so only when there are elements): a Python int divisor is known
+    here, after the wrap to the dtype the op computes in."""
+    out = meta_out[0] if isinstance(meta_out, (tuple, list)) else meta_out
+    divisor = args[1] if len(args) > 1 else None
+    if type(divisor) is not int or not isinstance(out, torch.Tensor) or out.dtype.is_floating_point:
+        return
+    if out.dtype is torch.bool or out.numel() == 0:
+        return
+    if divisor % (1 << torch.iinfo(out.dtype).bits) == 0:
+        raise RuntimeError("ZeroDivisionError")
+
+
+def _float_range(func, values, meta_out) -> tuple | None:
+    """The range a lifted float operand of this call must lie in to need no
+    check (``_Plan.float_range``), or None: no checked float operand, or a
+    dtype every float fits."""
+    if _family(func) not in _CHECKED_FLOAT_OPS or not any(type(v) is Scalar and v.kind is float for v in values):
+        return None
+    out = meta_out if isinstance(meta_out, torch.Tensor) else next(iter(meta_out), None)
+    if not isinstance(out, torch.Tensor) or out.dtype in (torch.float64, torch.complex128, torch.complex64):
+        return None
+    if out.dtype is torch.bool:  # torch converts a float to bool without a check
+        return None
+    info = torch.finfo(out.dtype) if out.dtype.is_floating_point else torch.iinfo(out.dtype)
+    return float(info.min), float(info.max)
+
+
+def _check_floats(func, plan, values) -> None:
+    """A lifted float outside ``plan.float_range`` (or NaN): let torch's
+    kernel decide, on stand-ins, before recording (Note [Python integers wrap])."""
+    lo, hi = plan.float_range
+    for v in values:
+        if type(v) is Scalar and v.kind is float and not lo <= v.value <= hi:
+            _run_on_stand_ins(func, plan.template, values)
+            return
 
 
 # -- views ---------------------------------------------------------------------

@@ -44,7 +44,7 @@ def promote(*xs, kind=Kind.DEFAULT) -> tuple:
     """
     compute, _ = elementwise_dtypes(*(_probe(x) for x in xs if x is not None), type_promotion_kind=kind)
     dtype = _dtypes.to_jax(compute)
-    return tuple(None if x is None else jnp.asarray(x, dtype) for x in xs)
+    return tuple(None if x is None else _dtypes.number(x, dtype) for x in xs)
 
 
 def _is_int(x) -> bool:
@@ -58,7 +58,7 @@ def _is_bool(x) -> bool:
 def _scaled(y, alpha):
     if type(alpha) in (bool, int) and alpha == 1:
         return y
-    return y * jnp.asarray(alpha, y.dtype)
+    return y * _dtypes.number(alpha, y.dtype)
 
 
 # -- arithmetic ------------------------------------------------------------------
@@ -410,7 +410,7 @@ def where(condition, x, y):
 
 @lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
 def masked_fill(x, mask, value):
-    return jnp.where(mask, jnp.asarray(value).astype(x.dtype), x)
+    return jnp.where(mask, _dtypes.number(value, x.dtype), x)
 
 
 # -- activations and their backward ops ----------------------------------------------
@@ -424,7 +424,7 @@ def relu(x):
 @lowering(aten.threshold.default)
 def threshold(x, threshold, value):
     # the CPU kernel compares in x's dtype
-    return jnp.where(x <= jnp.asarray(threshold, x.dtype), jnp.asarray(value, x.dtype), x)
+    return jnp.where(x <= _dtypes.number(threshold, x.dtype), _dtypes.number(value, x.dtype), x)
 
 
 @lowering(aten.threshold_backward.default)

@@ -78,7 +78,8 @@ def ones(size, *, dtype=None, layout=None, device=None, pin_memory=None):
 
 @lowering(aten.full.default)
 def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return jnp.full(tuple(size), fill_value, _value_dtype(fill_value, dtype))
+    dtype = _value_dtype(fill_value, dtype)
+    return jnp.broadcast_to(_dtypes.number(fill_value, dtype), tuple(size))
 
 
 @lowering(aten.empty_like, aten.zeros_like)
@@ -93,7 +94,7 @@ def ones_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memor
 
 @lowering(aten.full_like)
 def full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return jnp.full(x.shape, fill_value, _like_dtype(x, dtype))
+    return jnp.broadcast_to(_dtypes.number(fill_value, _like_dtype(x, dtype)), x.shape)
 
 
 @lowering(aten.new_empty, aten.new_zeros)
@@ -113,12 +114,12 @@ def new_ones(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
 
 @lowering(aten.new_full)
 def new_full(x, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return jnp.full(tuple(size), fill_value, _like_dtype(x, dtype))
+    return jnp.broadcast_to(_dtypes.number(fill_value, _like_dtype(x, dtype)), tuple(size))
 
 
 @lowering(aten.fill.Scalar)
 def fill(x, value):
-    return jnp.full(x.shape, value, x.dtype)
+    return jnp.broadcast_to(_dtypes.number(value, x.dtype), x.shape)
 
 
 @lowering(aten.fill.Tensor)
@@ -133,7 +134,7 @@ def zero(x):
 
 @lowering(aten.scalar_tensor)
 def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return jnp.asarray(s, _jdtype(dtype))
+    return _dtypes.number(s, _jdtype(dtype))
 
 
 @lowering(aten.eye)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import torch
 
+from lazytpu import _dtypes
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
@@ -105,7 +106,7 @@ def _scatter(x, dim, index, src, reduce=None):
     if reduce is not None and x.dtype == jnp.bool_:  # Note [Bool accumulation]
         return _scatter(x.astype(jnp.int32), dim, index, jnp.asarray(src).astype(jnp.int32), reduce).astype(jnp.bool_)
     dim = dim % x.ndim
-    src = jnp.broadcast_to(jnp.asarray(src, x.dtype), index.shape) if jnp.ndim(src) == 0 else src
+    src = jnp.broadcast_to(_dtypes.number(src, x.dtype), index.shape) if jnp.ndim(src) == 0 else src
     if jnp.ndim(src) and src.shape != index.shape:
         src = src[tuple(slice(0, n) for n in index.shape)]
     at = x.at[_axis_index(_wrap(index, x.shape[dim]), dim, x.ndim)]
@@ -185,9 +186,9 @@ def index_copy(x, dim, index, source):
 @lowering(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
 def index_fill(x, dim, index, value):
     if x.ndim == 0:
-        return jnp.asarray(value, x.dtype).reshape(())
+        return _dtypes.number(value, x.dtype).reshape(())
     dim = dim % x.ndim
-    return x.at[_along(x, dim, index)].set(jnp.asarray(value).astype(x.dtype))
+    return x.at[_along(x, dim, index)].set(_dtypes.number(value, x.dtype))
 
 
 @lowering(aten.take)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from lazytpu import _dtypes
 from lazytpu.lowering.reduction import upcast
 from lazytpu.lowering.registry import lowering
 
@@ -61,7 +62,7 @@ def _window_pads(shape, k, s, p, d, ceil_mode) -> list[tuple[int, int]]:
 def _pad(x, pads, value):
     """Pad (or crop, for negative amounts) the trailing dims of ``x`` with ``value``."""
     lead = [(0, 0, 0)] * (x.ndim - len(pads))
-    return jax.lax.pad(x, jnp.asarray(value, x.dtype), lead + [(lo, hi, 0) for lo, hi in pads])
+    return jax.lax.pad(x, _dtypes.number(value, x.dtype), lead + [(lo, hi, 0) for lo, hi in pads])
 
 
 def _window(x, nd: int, k, s, d):

@@ -130,7 +130,7 @@ def constant_pad_nd(x, pad, value=0):
     # ``pad`` pairs start at the last dim; negative amounts crop (lax.pad allows them).
     widths = [(0, 0, 0)] * (x.ndim - len(pad) // 2)
     widths += [(pad[2 * i], pad[2 * i + 1], 0) for i in reversed(range(len(pad) // 2))]
-    return lax.pad(x, jnp.asarray(value).astype(x.dtype), widths)
+    return lax.pad(x, _dtypes.number(value, x.dtype), widths)
 
 
 # -- slicing -------------------------------------------------------------------

@@ -1,0 +1,153 @@
+"""Python numbers meeting narrower tensors behave as on CPU torch
+(Note [Python integers wrap] in lazytpu/_dtypes.py).
+
+torch converts a Python int operand to the dtype the op computes in modulo
+2**bits (``uint8 + 300`` adds 44), except where its kernel checks the
+conversion (``fill_``, ``full``, ``masked_fill``, ``clamp``, ``alpha``, ...),
+which raises ``value cannot be converted to type uint8_t without overflow``;
+``bool - 1`` and ``int // 0`` raise too. On ``tpu`` each case gives CPU
+torch's values and dtype, or its error type and message raised at the call,
+never a failed deferred program. The same holds for Python floats into the
+ops that check their conversion (``half.fill_(1e6)``, ``uint8.fill_(-2.7)``):
+a float is a program input, so its value is checked at every call.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from conftest import tolerance
+
+OPS = {
+    "add": lambda x, v: x + v,
+    "radd": lambda x, v: v + x,
+    "sub": lambda x, v: x - v,
+    "rsub": lambda x, v: v - x,
+    "mul": lambda x, v: x * v,
+    "floordiv": lambda x, v: x // v,
+    "remainder": lambda x, v: x % v,
+    "truediv": lambda x, v: x / v,
+    "eq": lambda x, v: x == v,
+    "lt": lambda x, v: x < v,
+    "ge": lambda x, v: x >= v,
+    "bitwise_and": lambda x, v: x & v,
+    "bitwise_xor": lambda x, v: x ^ v,
+    "iadd": lambda x, v: x.clone().add_(v),
+    "add_alpha": lambda x, v: torch.add(x, x, alpha=v),
+    "fill_": lambda x, v: x.clone().fill_(v),
+    "full": lambda x, v: torch.full((3,), v, dtype=x.dtype, device=x.device),
+    "full_like": lambda x, v: torch.full_like(x, v),
+    "clamp_min": lambda x, v: x.clamp(min=v),
+    "clamp_max": lambda x, v: x.clamp(max=v),
+    "where": lambda x, v: torch.where(x > 1, x, v),
+    "masked_fill": lambda x, v: x.masked_fill(x > 1, v),
+    "index_fill": lambda x, v: x.clone().index_fill_(0, torch.tensor([0], device=x.device), v),
+    "setitem": lambda x, v: _setitem(x.clone(), v),
+}
+DTYPES = (torch.uint8, torch.int8, torch.int32, torch.int64, torch.bool)
+VALUES = (300, -1, -300, 2**33, 2**63)
+
+
+FLOAT_OPS = {
+    "fill_": lambda x, v: x.clone().fill_(v),
+    "full_like": lambda x, v: torch.full_like(x, v),
+    "masked_fill": lambda x, v: x.masked_fill(x > 1, v),
+    "index_fill": lambda x, v: x.clone().index_fill_(0, torch.tensor([0], device=x.device), v),
+    "scatter": lambda x, v: x.scatter(0, torch.tensor([0], device=x.device), v),
+    "clamp_min": lambda x, v: x.clamp(min=v),
+    "clamp_max": lambda x, v: x.clamp(max=v),
+    "add_alpha": lambda x, v: torch.add(x, x, alpha=v),
+    "threshold_value": lambda x, v: torch.nn.functional.threshold(x, 1, v),
+    "pad": lambda x, v: torch.nn.functional.pad(x, (1, 1), value=v),
+    "add": lambda x, v: x + v,
+}
+FLOAT_DTYPES = (torch.bool, torch.uint8, torch.int32, torch.float16, torch.bfloat16, torch.float32)
+FLOAT_VALUES = (7.0, -2.7, 7e4, 1e10, 1e39, float("inf"), float("nan"))
+
+
+def _setitem(x, v):
+    x[0] = v
+    return x
+
+
+def _outcome(fn, *args):
+    """The tensor ``fn(*args)`` returns, or its error as (type, message); a
+    kernel's name is the backend's (``"threshold_cpu" not implemented`` is
+    ``threshold_tpu`` on tpu)."""
+    try:
+        out = fn(*args)
+    except Exception as exc:  # noqa: BLE001 - compared with CPU torch's
+        return type(exc), str(exc).replace("_cpu", "_tpu")
+    return out
+
+
+def _input(dtype, device="cpu"):
+    if dtype is torch.bool:
+        return torch.tensor([True, False, True], device=device)
+    return torch.tensor([1, 2, 100], dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize(("op", "dtype", "value"), list(itertools.product(OPS, DTYPES, VALUES)))
+def test_python_int_operand_as_cpu_torch(op, dtype, value):
+    fn = OPS[op]
+    expected = _outcome(lambda: fn(_input(dtype), value))
+    x = _input(dtype, "tpu")
+    got = _outcome(lambda: fn(x, value))  # an error must come from the call itself
+    if isinstance(expected, tuple):
+        assert got == expected
+        return
+    assert isinstance(got, torch.Tensor), got
+    got = got.cpu()  # a failed deferred program would raise here
+    assert got.dtype == expected.dtype
+    assert torch.equal(got, expected) if not expected.is_floating_point() else torch.allclose(got, expected)
+
+
+@pytest.mark.parametrize("size", (1, 3, 100))
+@pytest.mark.parametrize(("op", "dtype"), list(itertools.product(FLOAT_OPS, FLOAT_DTYPES)))
+def test_python_float_operand_as_cpu_torch(op, dtype, size):
+    """Every value of one op and dtype is one call signature: after the first
+    call, each value is checked by the per-call range check."""
+    fn = FLOAT_OPS[op]
+    base = torch.arange(size).remainder(4).to(dtype)
+    for value in FLOAT_VALUES:
+        expected = _outcome(fn, base, value)
+        got = _outcome(fn, base.to("tpu"), value)
+        if isinstance(expected, tuple):
+            assert got == expected, value
+            continue
+        assert isinstance(got, torch.Tensor), (value, got)
+        got = got.cpu()
+        assert got.dtype == expected.dtype, value
+        # half/bfloat16 arithmetic: torch's CPU kernels round differently by size (vectorized or not)
+        # and XLA keeps excess precision; the values differ in the last few places
+        tol = dict(rtol=4 * torch.finfo(dtype).eps, atol=0) if dtype in (torch.float16, torch.bfloat16) else {}
+        torch.testing.assert_close(got, expected, equal_nan=True, **(tol or tolerance(dtype)))
+
+
+def test_overflow_error_at_the_call_loses_no_pending_data():
+    x = torch.tensor([1, 2, 3], dtype=torch.uint8).to("tpu")
+    doubled = x * 2  # pending
+    with pytest.raises(RuntimeError, match="value cannot be converted to type uint8_t without overflow"):
+        x.fill_(300)
+    assert doubled.cpu().tolist() == [2, 4, 6]
+    assert x.cpu().tolist() == [1, 2, 3]  # unchanged, as on CPU
+
+
+def test_integer_division_by_a_zero_python_int():
+    x = torch.tensor([3, 4]).to("tpu")
+    divisions = (
+        lambda t: t // 0,
+        lambda t: t % 0,
+        lambda t: torch.fmod(t, 0),
+        lambda t: torch.div(t, 0, rounding_mode="floor"),
+    )
+    for fn in divisions:
+        with pytest.raises(RuntimeError, match="^ZeroDivisionError$"):
+            fn(x)
+    # 256 is 0 in uint8; an empty tensor has no element to divide
+    with pytest.raises(RuntimeError, match="^ZeroDivisionError$"):
+        torch.tensor([3], dtype=torch.uint8).to("tpu") // 256
+    assert (torch.empty(0, dtype=torch.int64).to("tpu") // 0).cpu().shape == (0,)
+    assert (torch.tensor([3.0]).to("tpu") // 0).cpu().item() == float("inf")
