@@ -143,33 +143,51 @@ def _run_on(func, template, values, device: str):
 _NO_LIFT = frozenset({"arange", "linspace", "logspace", "range", "full", "scalar_tensor"})
 
 
-# A Python float passed where the schema takes a Scalar, float or Tensor (a
-# wrapped number) is lifted (Note [Scalar lifting]).
+# A Python float or int passed where the schema takes a Scalar, float or
+# Tensor (a wrapped number) is lifted (Note [Scalar lifting]).
 _LIFT_TYPES = frozenset({"number", "float", "Optional[number]", "Optional[float]", "Tensor", "Optional[Tensor]"})
 
 
-# Scalars that select an algorithm rather than enter arithmetic stay static.
+# Scalars that select an algorithm rather than enter arithmetic stay static;
+# an int also where it picks an exact form (``x ** 2``, ``norm(p=2)``).
 _STATIC_NAMES = frozenset({"ord"})
+_STATIC_INT_NAMES = _STATIC_NAMES | {"exponent", "p"}
+
+# Python ints an int64 holds; torch makes a larger one a uint64 scalar, which stays static.
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 @functools.cache
-def _liftable(func) -> tuple[frozenset, frozenset]:
-    """Positions and kwarg names of float args that cannot decide shapes."""
+def _liftable(func) -> tuple[frozenset, frozenset, frozenset, frozenset]:
+    """Positions and kwarg names of the float args, then of the int args,
+    that cannot decide shapes."""
     if func._schema.name.split("::")[-1] in _NO_LIFT:
-        return frozenset(), frozenset()
-    pos, names = set(), set()
+        return frozenset(), frozenset(), frozenset(), frozenset()
+    pos, names, int_pos, int_names = set(), set(), set(), set()
     for i, arg in enumerate(func._schema.arguments):
-        if str(arg.type) in _LIFT_TYPES and not arg.name.startswith("scale") and arg.name not in _STATIC_NAMES:
-            (names if arg.kwarg_only else pos).add(arg.name if arg.kwarg_only else i)
-    return frozenset(pos), frozenset(names)
+        if str(arg.type) not in _LIFT_TYPES or arg.name.startswith("scale"):
+            continue
+        key = arg.name if arg.kwarg_only else i
+        if arg.name not in _STATIC_NAMES:
+            (names if arg.kwarg_only else pos).add(key)
+        if arg.name not in _STATIC_INT_NAMES:
+            (int_names if arg.kwarg_only else int_pos).add(key)
+    return frozenset(pos), frozenset(names), frozenset(int_pos), frozenset(int_names)
+
+
+def _lifted(a, key, floats: frozenset, ints: frozenset) -> bool:
+    t = type(a)
+    if t is float or t is complex:
+        return key in floats
+    return t is int and key in ints and _INT64_MIN <= a <= _INT64_MAX
 
 
 def _lift(func, args, kwargs):
-    pos, names = _liftable(func)
-    if pos:
-        args = tuple(Scalar(a) if i in pos and type(a) in (float, complex) else a for i, a in enumerate(args))
-    if names:
-        kwargs = {k: Scalar(v) if k in names and type(v) in (float, complex) else v for k, v in kwargs.items()}
+    pos, names, int_pos, int_names = _liftable(func)
+    if pos or int_pos:
+        args = tuple(Scalar(a) if _lifted(a, i, pos, int_pos) else a for i, a in enumerate(args))
+    if names or int_names:
+        kwargs = {k: Scalar(v) if _lifted(v, k, names, int_names) else v for k, v in kwargs.items()}
     return args, kwargs
 
 
@@ -242,7 +260,7 @@ class _Plan:
         "layout",
         "container",
         "device_index",
-        "float_range",
+        "scalar_check",
     )
 
     def __init__(self, func, template, meta_out, rule, device_index) -> None:
@@ -259,7 +277,7 @@ class _Plan:
         self.out_avals = out_avals
         self.static = op_sig(func, template, out_avals)
         self.device_index = device_index
-        self.float_range = None  # Note [Python integers wrap]: see _float_range
+        self.scalar_check = None  # Note [Python integers wrap]: see _scalar_check
         if isinstance(meta_out, torch.Tensor):
             self.layout, self.container = None, None
         else:
@@ -307,7 +325,7 @@ def _key_leaf(a, values: list):
 def _signature(func, args, kwargs) -> tuple[tuple, list]:
     """The call's plan key and its values (tensors and lifted scalars), in
     the order ``flatten`` puts them in."""
-    pos, names = _liftable(func)
+    pos, names, int_pos, int_names = _liftable(func)
     values: list = []
     parts: list = [func]
     for i, a in enumerate(args):
@@ -315,7 +333,9 @@ def _signature(func, args, kwargs) -> tuple[tuple, list]:
         if t is LazyTensor:
             values.append(a)
             parts.append(a._lt_desc)
-        elif (t is float or t is complex) and i in pos:
+        elif ((t is float or t is complex) and i in pos) or (
+            t is int and i in int_pos and _INT64_MIN <= a <= _INT64_MAX
+        ):
             values.append(Scalar(a))
             parts.append(t)
         else:
@@ -323,10 +343,9 @@ def _signature(func, args, kwargs) -> tuple[tuple, list]:
     if kwargs:
         for k in sorted(kwargs):
             a = kwargs[k]
-            t = type(a)
-            if (t is float or t is complex) and k in names:
+            if _lifted(a, k, names, int_names):
                 values.append(Scalar(a))
-                parts.append((k, t))
+                parts.append((k, type(a)))
             else:
                 parts.append((k, _key_leaf(a, values)))
     return tuple(parts), values
@@ -344,8 +363,8 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None):
     if plan is None:
         plan = _make_plan(func, args, kwargs, rule, values)
         _PLANS[key] = plan
-    if plan.float_range is not None:
-        _check_floats(func, plan, values)
+    if plan.scalar_check is not None:
+        plan.scalar_check(values)
     index = plan.device_index
     if index is None:
         index = _device_index(values)
@@ -384,7 +403,7 @@ def _make_plan(func, args, kwargs, rule, values) -> _Plan:
     _check_kernel_dtypes(func, template, flat_values)
     _check_int_scalars(func, args, kwargs, template, flat_values, meta_out)
     plan = _Plan(func, template, meta_out, rule, _kwarg_device_index(kwargs))
-    plan.float_range = _float_range(func, flat_values, meta_out)
+    plan.scalar_check = _scalar_check(func, kwargs, template, flat_values, meta_out)
     return plan
 
 
@@ -504,14 +523,17 @@ def _check_kernel_dtypes(func, template, values) -> None:
     def empty(v):
         return torch.empty(tuple(v.shape) if exact else (0,) * len(v.shape), dtype=v.dtype)
 
-    exc = _cpu_error(func, template, values, empty)
-    if exc is not None and (exact or _KERNEL_ERRORS.search(str(exc))):
-        raise type(exc)(str(exc).replace("_cpu", "_tpu")).with_traceback(None) from None
+    error = _cpu_error(func, template, values, empty)
+    if error is not None and (exact or _KERNEL_ERRORS.search(error[1])):
+        raise error[0](error[1].replace("_cpu", "_tpu")) from None
 
 
-def _cpu_error(func, template, values, stand_in) -> Exception | None:
-    """What ``func`` raises on CPU with ``stand_in(t)`` for each tensor value
-    (lifted scalars as they are), or None."""
+def _cpu_error(func, template, values, stand_in) -> tuple[type, str] | None:
+    """The type and message of what ``func`` raises on CPU with
+    ``stand_in(t)`` for each tensor value (lifted scalars as they are), or
+    None. Not the exception itself: its traceback would hold the caller's
+    frames, and with them the recorded tensors, until a garbage collection
+    (they would stay live, and be program outputs, at the next sync)."""
     args, kwargs = fill(template, [v.value if type(v) is Scalar else stand_in(v) for v in values])
     if _is_tpu_device(kwargs.get("device")):
         kwargs["device"] = "cpu"
@@ -519,7 +541,7 @@ def _cpu_error(func, template, values, stand_in) -> Exception | None:
         with torch.no_grad():
             func(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - the callers choose what to re-raise
-        return exc
+        return type(exc), str(exc)
     return None
 
 
@@ -532,11 +554,11 @@ _SCALAR_OPS = frozenset(
     hardtanh scatter constant_pad_nd pad""".split()
 )
 
-# Of those, the ones whose kernels convert a float operand with an overflow
-# check too (``half.fill_(1e6)``, ``uint8.clamp(min=-2.7)`` is fine but
-# ``uint8.fill_(-2.7)`` is not); a float is lifted (Note [Scalar lifting]), so
-# its value is checked per call, against the range of the op's dtype.
-_CHECKED_FLOAT_OPS = frozenset(
+# Of those, the ones whose kernels convert their number with an overflow
+# check (``uint8.fill_(300)``, ``half.fill_(1e6)``; ``uint8.clamp(min=-2.7)``
+# is fine but ``uint8.fill_(-2.7)`` is not); a number is lifted (Note [Scalar
+# lifting]), so its value is checked per call, against the op's dtype.
+_CHECKED_CONVERSION_OPS = frozenset(
     "fill full_like new_full masked_fill index_fill clamp clamp_min clamp_max addcmul scatter threshold hardtanh"
     " add sub constant_pad_nd pad".split()
 )
@@ -561,7 +583,7 @@ def _check_int_scalars(func, args, kwargs, template, values, meta_out) -> None:
     signature (the int's value is part of it); an int that passes is wrapped
     by the lowering as torch wraps it."""
     name = _family(func)
-    if name not in _SCALAR_OPS or not any(type(a) is int for a in (*args, *kwargs.values())):
+    if name not in _SCALAR_OPS or not any(_int_value(a) is not None for a in (*args, *kwargs.values())):
         return
     if name in _INTEGER_DIVISION or (name == "div" and kwargs.get("rounding_mode") is not None):
         _check_integer_division(args, meta_out)
@@ -579,9 +601,16 @@ def _run_on_stand_ins(func, template, values) -> None:
     def stand_in(v):
         return torch.zeros(v.shape if v.numel() <= 64 else tuple(min(n, 2) for n in v.shape), dtype=v.dtype)
 
-    exc = _cpu_error(func, template, values, stand_in)
-    if exc is not None and _SCALAR_ERRORS.search(str(exc)):
-        raise type(exc)(str(exc)).with_traceback(None) from None
+    error = _cpu_error(func, template, values, stand_in)
+    if error is not None and _SCALAR_ERRORS.search(error[1]):
+        raise error[0](error[1]) from None
+
+
+def _int_value(a) -> int | None:
+    """A Python int argument's value, static or lifted."""
+    if type(a) is Scalar:
+        a = a.value
+    return a if type(a) is int else None
 
 
 def _check_integer_division(args, meta_out) -> None:
@@ -589,8 +618,8 @@ def _check_integer_division(args, meta_out) -> None:
     element, so only when there are elements): a Python int divisor is known
     here, after the wrap to the dtype the op computes in."""
     out = meta_out[0] if isinstance(meta_out, (tuple, list)) else meta_out
-    divisor = args[1] if len(args) > 1 else None
-    if type(divisor) is not int or not isinstance(out, torch.Tensor) or out.dtype.is_floating_point:
+    divisor = _int_value(args[1]) if len(args) > 1 else None
+    if divisor is None or not isinstance(out, torch.Tensor) or out.dtype.is_floating_point:
         return
     if out.dtype is torch.bool or out.numel() == 0:
         return
@@ -598,28 +627,40 @@ def _check_integer_division(args, meta_out) -> None:
         raise RuntimeError("ZeroDivisionError")
 
 
-def _float_range(func, values, meta_out) -> tuple | None:
-    """The range a lifted float operand of this call must lie in to need no
-    check (``_Plan.float_range``), or None: no checked float operand, or a
-    dtype every float fits."""
-    if _family(func) not in _CHECKED_FLOAT_OPS or not any(type(v) is Scalar and v.kind is float for v in values):
-        return None
+def _scalar_check(func, kwargs, template, values, meta_out):
+    """The check a call's lifted numbers need at every call (``_Plan.scalar_check``),
+    or None (Note [Python integers wrap]): an int divisor of an integer
+    division must not wrap to 0; a number converted with an overflow check
+    must fit the op's dtype, else torch's kernel decides, on stand-ins."""
+    name = _family(func)
     out = meta_out if isinstance(meta_out, torch.Tensor) else next(iter(meta_out), None)
     if not isinstance(out, torch.Tensor) or out.dtype in (torch.float64, torch.complex128, torch.complex64):
         return None
-    if out.dtype is torch.bool:  # torch converts a float to bool without a check
+    checks = []
+    divides = name in _INTEGER_DIVISION or (name == "div" and kwargs.get("rounding_mode") is not None)
+    integral = not out.dtype.is_floating_point and out.dtype is not torch.bool
+    if divides and integral and out.numel() and len(values) > 1 and type(values[1]) is Scalar:
+        modulus = 1 << torch.iinfo(out.dtype).bits
+        checks.append(functools.partial(_check_divisor, modulus))
+    lifted = any(type(v) is Scalar and v.kind is not complex for v in values)
+    if name in _CHECKED_CONVERSION_OPS and lifted and out.dtype is not torch.bool:  # bool converts unchecked
+        info = torch.finfo(out.dtype) if out.dtype.is_floating_point else torch.iinfo(out.dtype)
+        checks.append(functools.partial(_check_range, func, template, info.min, info.max))
+    if not checks:
         return None
-    info = torch.finfo(out.dtype) if out.dtype.is_floating_point else torch.iinfo(out.dtype)
-    return float(info.min), float(info.max)
+    return checks[0] if len(checks) == 1 else lambda vals: [check(vals) for check in checks]
 
 
-def _check_floats(func, plan, values) -> None:
-    """A lifted float outside ``plan.float_range`` (or NaN): let torch's
-    kernel decide, on stand-ins, before recording (Note [Python integers wrap])."""
-    lo, hi = plan.float_range
+def _check_divisor(modulus: int, values) -> None:
+    if values[1].kind is int and values[1].value % modulus == 0:
+        raise RuntimeError("ZeroDivisionError")
+
+
+def _check_range(func, template, lo, hi, values) -> None:
+    """A lifted number outside ``[lo, hi]`` (or NaN): torch's kernel decides."""
     for v in values:
-        if type(v) is Scalar and v.kind is float and not lo <= v.value <= hi:
-            _run_on_stand_ins(func, plan.template, values)
+        if type(v) is Scalar and v.kind is not complex and not lo <= v.value <= hi:
+            _run_on_stand_ins(func, template, values)
             return
 
 

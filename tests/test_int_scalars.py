@@ -14,11 +14,15 @@ a float is a program input, so its value is checked at every call.
 
 from __future__ import annotations
 
+import gc
 import itertools
+import weakref
 
 import pytest
 import torch
 from conftest import tolerance
+
+import lazytpu
 
 OPS = {
     "add": lambda x, v: x + v,
@@ -151,3 +155,44 @@ def test_integer_division_by_a_zero_python_int():
         torch.tensor([3], dtype=torch.uint8).to("tpu") // 256
     assert (torch.empty(0, dtype=torch.int64).to("tpu") // 0).cpu().shape == (0,)
     assert (torch.tensor([3.0]).to("tpu") // 0).cpu().item() == float("inf")
+
+
+def test_changing_python_ints_reuse_one_program():
+    """Note [Scalar lifting]: an int operand is a program input, like a float."""
+    x = torch.arange(6).to("tpu")
+    f = torch.linspace(-1, 1, 6).to("tpu")
+
+    def step(i):
+        a = (x * i + i) % (i + 1) - x.masked_fill(x > 2, i)
+        return (a.sum() + f.clamp(max=i).sum() + torch.full_like(x, i).sum()).item()
+
+    for i in (1, 2):  # the first step also computes the transfers' programs
+        assert step(i) == pytest.approx(_cpu_step(i))
+    before = lazytpu.metrics.snapshot()["programs_compiled"]
+    for i in (3, 17, -5, 2**40):
+        assert step(i) == pytest.approx(_cpu_step(i))
+    assert lazytpu.metrics.snapshot()["programs_compiled"] == before
+
+
+def _cpu_step(i):
+    x, f = torch.arange(6), torch.linspace(-1, 1, 6)
+    a = (x * i + i) % (i + 1) - x.masked_fill(x > 2, i)
+    return (a.sum() + f.clamp(max=i).sum() + torch.full_like(x, i).sum()).item()
+
+
+def test_a_signatures_first_call_keeps_no_tensor_alive():
+    """The once-per-signature CPU checks (of kernels, of numbers) keep no
+    recorded tensor alive: an exception kept with its traceback would hold
+    the recording frames until a garbage collection, and the tensors would
+    be outputs of the next program."""
+    u = torch.arange(15).reshape(3, 5).to("tpu")  # a shape no other test records
+    gc.disable()
+    try:
+        m = (u * 7).max()  # max's kernel check raises on its zero-size stand-ins (not re-raised)
+        ref = weakref.ref(m)
+        flag = m == 0
+        del m
+        assert ref() is None
+        assert not bool(flag)
+    finally:
+        gc.enable()

@@ -249,10 +249,10 @@ def test_explains_a_dtype_change_and_a_baked_integer():
     lazytpu.metrics.reset()
     a32, a64 = torch.randn(5, 3).to("tpu"), torch.randn(5, 3, dtype=torch.float64).to("tpu")
     lazytpu.sync()
-    (a32.exp() * 2).cpu()
-    (a64.exp() * 2).cpu()
+    (a32.exp() ** 2).cpu()
+    (a64.exp() ** 2).cpu()
     line = sys._getframe().f_lineno + 1
-    (a64.exp() * 3).cpu()  # an int is a static argument: baked into the program
+    (a64.exp() ** 3).cpu()  # an int exponent is a static argument: baked into the program
     dtype, baked = lazytpu.debug.explain()[-2:]
     assert "input dtype changed" in dtype and "float32[5, 3] -> float64[5, 3]" in dtype
     assert "static argument changed" in baked and "[_, 2] -> [_, 3]" in baked and f"{__file__}:{line}" in baked
@@ -278,8 +278,8 @@ def test_report_lists_the_top_recompile_reasons_first():
     lazytpu.metrics.reset()
     lazytpu.debug.clear()
     for n in (11, 12, 13):
-        (torch.ones(n).to("tpu").sin() + 1).cpu()  # two input shape changes
-    (torch.ones(13).to("tpu").sin() + 2).cpu()  # one static argument change
+        (torch.ones(n).to("tpu").sin() ** 2).cpu()  # two input shape changes
+    (torch.ones(13).to("tpu").sin() ** 3).cpu()  # one static argument change
     report = lazytpu.metrics.report()
     body = report[report.index("recompile_reasons") :]
     assert re.search(r"recompile_reasons\s+3\n\s+input shape changed\s+2\n\s+static argument changed\s+1", body)

@@ -58,13 +58,17 @@ class Failed:
 class Scalar:
     """A Python number lifted to a program input (Note [Scalar lifting]).
 
-    Note [Scalar lifting]: a float that cannot decide a shape is passed to the
-    compiled program as an argument, so a changing learning rate or loss scale
-    reuses the same program. Its kind (float/complex) is in the program key,
-    its value is not.
+    Note [Scalar lifting]: a float or int that cannot decide a shape is passed
+    to the compiled program as an argument, so a changing learning rate, loss
+    scale or step offset (``x + i`` in a loop) reuses the same program. Its
+    kind (float/complex/int) is in the program key, its value is not. An int
+    enters as a weak int64 and is cast to the op's dtype in the program,
+    which wraps it as torch does (Note [Python integers wrap]); ints that
+    pick an exact form (``x ** 2``, ``norm(p=2)``), ints past int64, bools
+    and arguments that decide shapes (``arange``, ``full``) stay static.
     """
 
-    value: float | complex
+    value: float | complex | int
 
     @property
     def kind(self) -> type:
