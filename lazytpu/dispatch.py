@@ -399,7 +399,10 @@ def _make_plan(func, args, kwargs, rule, values) -> _Plan:
         _check_generator(kwargs)
     meta_out = infer_meta(func, template, flat_values)
     if rule.random:
-        return _Plan(func, template, meta_out, rule, _kwarg_device_index(kwargs))
+        plan = _Plan(func, template, meta_out, rule, _kwarg_device_index(kwargs))
+        if _family(func) in _RANDOM_CHECKED:
+            plan.scalar_check = functools.partial(_check_random_parameters, func, template, set())
+        return plan
     _check_kernel_dtypes(func, template, flat_values)
     _check_int_scalars(func, args, kwargs, template, flat_values, meta_out)
     plan = _Plan(func, template, meta_out, rule, _kwarg_device_index(kwargs))
@@ -649,6 +652,29 @@ def _scalar_check(func, kwargs, template, values, meta_out):
     if not checks:
         return None
     return checks[0] if len(checks) == 1 else lambda vals: [check(vals) for check in checks]
+
+
+# Random ops whose CPU kernels check their parameters' values (``from <= to``,
+# ``p`` in [0, 1], ``std >= 0``); a zero-size CPU call makes those checks and
+# draws nothing.
+_RANDOM_CHECKED = frozenset(
+    {"uniform", "bernoulli", "random", "normal", "geometric", "log_normal", "cauchy", "exponential"}
+)
+
+
+def _check_random_parameters(func, template, passed: set, values) -> None:
+    """torch's error for a random op's bad parameter values, at every call
+    (a lifted float's value is not in the call signature); each distinct
+    set of values is checked on CPU once."""
+    key = tuple(v.value for v in values if type(v) is Scalar)
+    if key in passed:
+        return
+    error = _cpu_error(func, template, values, lambda v: torch.empty((0,) * v.dim(), dtype=v.dtype))
+    if error is not None and "expects" in error[1]:
+        raise error[0](error[1]) from None
+    if len(passed) >= 64:  # a parameter that changes every call: keep the set small
+        passed.clear()
+    passed.add(key)
 
 
 def _check_divisor(modulus: int, values) -> None:

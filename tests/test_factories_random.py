@@ -287,3 +287,37 @@ def test_a_cpu_generator_raises_torchs_error(op):
     """As on CUDA: a generator of another device is an error, not silently ignored."""
     with pytest.raises(RuntimeError, match="Expected a 'tpu' device type for generator but found 'cpu'"):
         op(torch.Generator().manual_seed(0))
+
+
+BAD_PARAMETERS = {
+    "uniform_from_above_to": lambda x: x.uniform_(2.0, 1.0),
+    "bernoulli_p_above_1": lambda x: x.bernoulli_(1.5),
+    "bernoulli_functional_p_below_0": lambda x: torch.bernoulli(x, -0.5),
+    "random_from_above_to": lambda x: x.random_(5, 2),
+    "normal_negative_std": lambda x: x.normal_(0.0, -1.0),
+    "exponential_negative_lambda": lambda x: x.exponential_(-1.0),
+    "geometric_p_above_1": lambda x: x.geometric_(1.5),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_PARAMETERS))
+def test_bad_random_parameters_raise_torchs_error_at_every_call(name, eager_mode):
+    """A random op's parameter values are checked as CPU torch checks them,
+    also after a call with good values (a float parameter is a program input,
+    not part of the call signature), and the device's random stream is not
+    advanced by the failed call."""
+    bad = BAD_PARAMETERS[name]
+    with pytest.raises(RuntimeError) as cpu:
+        bad(torch.ones(4))
+    x = torch.ones(4).to("tpu")
+    torch.manual_seed(0)
+    x.uniform_(0.0, 1.0).bernoulli_(0.5).normal_(0.0, 1.0)  # good values first: the signatures exist
+    with pytest.raises(RuntimeError) as tpu:
+        bad(x)
+    assert str(tpu.value) == str(cpu.value)
+    torch.manual_seed(0)
+    first = torch.ones(4).to("tpu").uniform_().cpu()
+    torch.manual_seed(0)
+    with pytest.raises(RuntimeError):
+        bad(torch.ones(4).to("tpu"))
+    assert torch.equal(torch.ones(4).to("tpu").uniform_().cpu(), first)
