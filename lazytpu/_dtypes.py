@@ -58,10 +58,10 @@ def number(value, dtype):
     the whole deferred program. The ops whose C++ kernels convert their
     scalar with an overflow check (``fill_``, ``full``, ``masked_fill``,
     ``clamp``'s bounds, ``alpha``, ...) raise torch's own error at the call:
-    dispatch runs such a call on CPU stand-ins first, once per call signature
-    for an int (``dispatch._check_int_scalars``: an int is static, its value
-    is in the signature) and at every call for a lifted float out of the
-    range of the op's dtype (``dispatch._check_floats``: ``half.fill_(1e6)``).
+    dispatch runs such a call on CPU stand-ins first (``lazytpu.scalars``):
+    once per call signature, and at every call for a number lifted to a
+    program input (Note [Scalar lifting]) whose value is out of the range of
+    the op's dtype (``half.fill_(1e6)``) or an integer divisor that wraps to 0.
     """
     if type(value) is int and jnp.issubdtype(dtype, jnp.integer):
         bits = jnp.iinfo(dtype).bits

@@ -1,0 +1,191 @@
+"""Python numbers in recorded calls: torch's checks of their values.
+
+Note [Python integers wrap] (in ``_dtypes``) says what torch does with a
+Python number that meets a narrower dtype; this module makes the checks
+torch's CPU kernels make of such numbers, at the call: once per call
+signature when a plan is made (``check_at_plan``), and at every call where a
+number is lifted to a program input, so that its value is not in the
+signature (``per_call_check``, ``random_check``: ``_Plan.scalar_check`` in
+``dispatch``). Each check runs the op on CPU stand-ins and re-raises only the
+errors it is about.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import torch
+
+from lazytpu.ir import Scalar
+from lazytpu.ir.template import fill
+
+
+def is_tpu_device(d) -> bool:
+    return (isinstance(d, torch.device) and d.type == "tpu") or (isinstance(d, str) and d.startswith("tpu"))
+
+
+def cpu_error(func, template, values, stand_in) -> tuple[type, str] | None:
+    """The type and message of what ``func`` raises on CPU with
+    ``stand_in(t)`` for each tensor value (lifted scalars as they are), or
+    None. Not the exception itself: its traceback would hold the caller's
+    frames, and with them the recorded tensors, until a garbage collection
+    (they would stay live, and be program outputs, at the next sync)."""
+    args, kwargs = fill(template, [v.value if type(v) is Scalar else stand_in(v) for v in values])
+    if is_tpu_device(kwargs.get("device")):
+        kwargs["device"] = "cpu"
+    try:
+        with torch.no_grad():
+            func(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the callers choose what to re-raise
+        return type(exc), str(exc)
+    return None
+
+
+# Ops that take a Python number as an operand, whose CPU kernels check it
+# against the dtype it meets (Note [Python integers wrap] in _dtypes).
+_SCALAR_OPS = frozenset(
+    """add sub rsub mul div true_divide floor_divide remainder fmod eq ne lt le gt ge bitwise_and bitwise_or
+    bitwise_xor bitwise_left_shift bitwise_right_shift __and__ __or__ __xor__ __lshift__ __rshift__ fill full
+    full_like new_full masked_fill where clamp clamp_min clamp_max index_fill addcmul addcdiv lerp threshold
+    hardtanh scatter constant_pad_nd pad""".split()
+)
+
+# Of those, the ones whose kernels convert their number with an overflow
+# check (``uint8.fill_(300)``, ``half.fill_(1e6)``; ``uint8.clamp(min=-2.7)``
+# is fine but ``uint8.fill_(-2.7)`` is not); a number is lifted (Note [Scalar
+# lifting]), so its value is checked per call, against the op's dtype.
+_CHECKED_CONVERSION_OPS = frozenset(
+    "fill full_like new_full masked_fill index_fill clamp clamp_min clamp_max addcmul scatter threshold hardtanh"
+    " add sub constant_pad_nd pad".split()
+)
+
+# What those checks raise.
+_SCALAR_ERRORS = re.compile(
+    r"without overflow|with a bool tensor is not supported|Promotion for uint16, uint32, uint64"
+)
+
+_INTEGER_DIVISION = frozenset({"floor_divide", "remainder", "fmod"})
+
+
+def _family(func) -> str:
+    name = func._schema.name.split("::")[-1]
+    return name if name.startswith("__") else name.removesuffix("_")
+
+
+def check_at_plan(func, args, kwargs, template, values, meta_out) -> None:
+    """Note [Python integers wrap]: a Python int operand that torch's CPU
+    kernel rejects (``uint8.fill_(300)``, ``bool - 1``, ``bool + 2**63``,
+    ``int // 0``) raises torch's error here, at the call, once per call
+    signature (the int's value is part of it); an int that passes is wrapped
+    by the lowering as torch wraps it."""
+    name = _family(func)
+    if name not in _SCALAR_OPS or not any(_int_value(a) is not None for a in (*args, *kwargs.values())):
+        return
+    if name in _INTEGER_DIVISION or (name == "div" and kwargs.get("rounding_mode") is not None):
+        _check_integer_division(args, meta_out)
+    _run_on_stand_ins(func, template, values)
+
+
+def _run_on_stand_ins(func, template, values) -> None:
+    """Run ``func`` on CPU with zero tensors standing in for the tensors and
+    the actual scalars; re-raise only what torch's kernels check of the
+    scalars. A stand-in has the tensor's shape when small, else every size
+    above 2 cut to 2 (broadcasting keeps working, the kernel still reaches its
+    conversion: torch skips the check for some one-element and no zero-size
+    calls, so those sizes are kept); zeros, so that nothing divides by garbage."""
+
+    def stand_in(v):
+        return torch.zeros(v.shape if v.numel() <= 64 else tuple(min(n, 2) for n in v.shape), dtype=v.dtype)
+
+    error = cpu_error(func, template, values, stand_in)
+    if error is not None and _SCALAR_ERRORS.search(error[1]):
+        raise error[0](error[1]) from None
+
+
+def _int_value(a) -> int | None:
+    """A Python int argument's value, static or lifted."""
+    if type(a) is Scalar:
+        a = a.value
+    return a if type(a) is int else None
+
+
+def _check_integer_division(args, meta_out) -> None:
+    """torch's integer division kernels raise for a zero divisor (checked per
+    element, so only when there are elements): a Python int divisor is known
+    here, after the wrap to the dtype the op computes in."""
+    out = meta_out[0] if isinstance(meta_out, (tuple, list)) else meta_out
+    divisor = _int_value(args[1]) if len(args) > 1 else None
+    if divisor is None or not isinstance(out, torch.Tensor) or out.dtype.is_floating_point:
+        return
+    if out.dtype is torch.bool or out.numel() == 0:
+        return
+    if divisor % (1 << torch.iinfo(out.dtype).bits) == 0:
+        raise RuntimeError("ZeroDivisionError")
+
+
+def per_call_check(func, kwargs, template, values, meta_out):
+    """The check a call's lifted numbers need at every call (``_Plan.scalar_check``),
+    or None (Note [Python integers wrap]): an int divisor of an integer
+    division must not wrap to 0; a number converted with an overflow check
+    must fit the op's dtype, else torch's kernel decides, on stand-ins."""
+    name = _family(func)
+    out = meta_out if isinstance(meta_out, torch.Tensor) else next(iter(meta_out), None)
+    if not isinstance(out, torch.Tensor) or out.dtype in (torch.float64, torch.complex128, torch.complex64):
+        return None
+    checks = []
+    divides = name in _INTEGER_DIVISION or (name == "div" and kwargs.get("rounding_mode") is not None)
+    integral = not out.dtype.is_floating_point and out.dtype is not torch.bool
+    if divides and integral and out.numel() and len(values) > 1 and type(values[1]) is Scalar:
+        modulus = 1 << torch.iinfo(out.dtype).bits
+        checks.append(functools.partial(_check_divisor, modulus))
+    lifted = any(type(v) is Scalar and v.kind is not complex for v in values)
+    if name in _CHECKED_CONVERSION_OPS and lifted and out.dtype is not torch.bool:  # bool converts unchecked
+        info = torch.finfo(out.dtype) if out.dtype.is_floating_point else torch.iinfo(out.dtype)
+        checks.append(functools.partial(_check_range, func, template, info.min, info.max))
+    if not checks:
+        return None
+    return checks[0] if len(checks) == 1 else lambda vals: [check(vals) for check in checks]
+
+
+# Random ops whose CPU kernels check their parameters' values (``from <= to``,
+# ``p`` in [0, 1], ``std >= 0``); a zero-size CPU call makes those checks and
+# draws nothing.
+_RANDOM_CHECKED = frozenset(
+    {"uniform", "bernoulli", "random", "normal", "geometric", "log_normal", "cauchy", "exponential"}
+)
+
+
+def random_check(func, template):
+    """The per-call check of a random op's parameter values (``_Plan.scalar_check``), or None."""
+    if _family(func) not in _RANDOM_CHECKED:
+        return None
+    return functools.partial(_check_random_parameters, func, template, set())
+
+
+def _check_random_parameters(func, template, passed: set, values) -> None:
+    """torch's error for a random op's bad parameter values, at every call
+    (a lifted float's value is not in the call signature); each distinct
+    set of values is checked on CPU once."""
+    key = tuple(v.value for v in values if type(v) is Scalar)
+    if key in passed:
+        return
+    error = cpu_error(func, template, values, lambda v: torch.empty((0,) * v.dim(), dtype=v.dtype))
+    if error is not None and "expects" in error[1]:
+        raise error[0](error[1]) from None
+    if len(passed) >= 64:  # a parameter that changes every call: keep the set small
+        passed.clear()
+    passed.add(key)
+
+
+def _check_divisor(modulus: int, values) -> None:
+    if values[1].kind is int and values[1].value % modulus == 0:
+        raise RuntimeError("ZeroDivisionError")
+
+
+def _check_range(func, template, lo, hi, values) -> None:
+    """A lifted number outside ``[lo, hi]`` (or NaN): torch's kernel decides."""
+    for v in values:
+        if type(v) is Scalar and v.kind is not complex and not lo <= v.value <= hi:
+            _run_on_stand_ins(func, template, values)
+            return
