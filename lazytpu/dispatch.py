@@ -939,8 +939,26 @@ def _map_tensors(x, kind, fn):
 # -- the dispatcher ------------------------------------------------------------
 
 
+# Advanced indexing takes index tensors on the CPU for a tensor of any
+# device, as on CUDA (``x[torch.randperm(n)]``, ``x[idx] = v``); other ops
+# with index arguments (``index_select``, ``gather``) raise torch's device error.
+_CPU_INDEX_OPS = frozenset(
+    {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
+)
+
+
+def _indices_to_device(args):
+    device = args[0].device
+    indices = [
+        i.to(device) if isinstance(i, torch.Tensor) and type(i) is not LazyTensor and i.dim() else i for i in args[1]
+    ]
+    return (args[0], indices, *args[2:])
+
+
 def dispatch(func, args, kwargs):
     """Resolve one op (Note [Resolution order])."""
+    if func in _CPU_INDEX_OPS and len(args) > 1 and type(args[0]) is LazyTensor:
+        args = _indices_to_device(args)
     rule = _RECORDED.get(func)
     if rule is not None:  # the common case first: one dict lookup
         try:

@@ -113,3 +113,39 @@ def test_data_dependent_ops_sync_and_continue(name):
     assert snap["cpu_fallbacks"] == {}
     assert snap["syncs"].get("data_dependent", 0) >= 1
     assert out.device.type == "tpu"
+
+
+CPU_INDEXING = {
+    "index": lambda x, i, m: x[i],
+    "index_mask": lambda x, i, m: x[m],
+    "index_2d": lambda x, i, m: x.reshape(2, 3)[torch.tensor([1, 0]), torch.tensor([2, 0])],
+    "setitem": lambda x, i, m: _set(x.clone(), i, 5.0),
+    "setitem_mask": lambda x, i, m: _set(x.clone(), m, -1.0),
+    "index_put_accumulate": lambda x, i, m: x.clone().index_put_((i,), x[:2] + 8.0, accumulate=True),
+}
+
+
+def _set(x, index, value):
+    x[index] = value
+    return x
+
+
+@pytest.mark.parametrize("name", list(CPU_INDEXING))
+def test_advanced_indexing_takes_cpu_index_tensors(name):
+    """``x[idx]`` and ``x[idx] = v`` take index tensors on the CPU, as torch
+    does for CUDA tensors (``x[torch.randperm(n)]`` ports unchanged)."""
+    fn = CPU_INDEXING[name]
+    x = torch.arange(6.0)
+    i, m = torch.tensor([0, 2]), torch.tensor([True, False, True, False, False, True])
+    expected = fn(x, i, m)
+    got = fn(x.to("tpu"), i, m)
+    assert got.device.type == "tpu"
+    assert torch.equal(got.cpu(), expected)
+
+
+def test_index_select_with_a_cpu_index_raises_torchs_device_error():
+    """Only advanced indexing takes CPU indices; ``index_select`` and ``gather`` raise as on CUDA."""
+    x = torch.arange(6.0).to("tpu")
+    for fn in (lambda: torch.index_select(x, 0, torch.tensor([0])), lambda: x.gather(0, torch.tensor([0]))):
+        with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+            fn()
