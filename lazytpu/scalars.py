@@ -82,8 +82,9 @@ def check_at_plan(func, args, kwargs, template, values, meta_out) -> None:
     name = _family(func)
     if name not in _SCALAR_OPS or not any(_int_value(a) is not None for a in (*args, *kwargs.values())):
         return
-    if name in _INTEGER_DIVISION or (name == "div" and kwargs.get("rounding_mode") is not None):
-        _check_integer_division(args, meta_out)
+    modulus = _division_modulus(func, kwargs, meta_out)
+    if modulus is not None and len(args) > 1:
+        _check_divisor(modulus, _int_value(args[1]))
     _run_on_stand_ins(func, template, values)
 
 
@@ -110,18 +111,28 @@ def _int_value(a) -> int | None:
     return a if type(a) is int else None
 
 
-def _check_integer_division(args, meta_out) -> None:
-    """torch's integer division kernels raise for a zero divisor (checked per
-    element, so only when there are elements): a Python int divisor is known
-    here, after the wrap to the dtype the op computes in."""
-    out = meta_out[0] if isinstance(meta_out, (tuple, list)) else meta_out
-    divisor = _int_value(args[1]) if len(args) > 1 else None
-    if divisor is None or not isinstance(out, torch.Tensor) or out.dtype.is_floating_point:
-        return
+def _division_modulus(func, kwargs, meta_out) -> int | None:
+    """2**bits of the dtype an integer division computes in, when the call
+    has elements (torch's kernels raise for a zero divisor per element),
+    else None: a Python int divisor raises if it wraps to 0 there."""
+    name = _family(func)
+    if name not in _INTEGER_DIVISION and not (name == "div" and kwargs.get("rounding_mode") is not None):
+        return None
+    out = meta_out if isinstance(meta_out, torch.Tensor) else next(iter(meta_out), None)
+    if not isinstance(out, torch.Tensor) or out.dtype.is_floating_point or out.dtype.is_complex:
+        return None
     if out.dtype is torch.bool or out.numel() == 0:
-        return
-    if divisor % (1 << torch.iinfo(out.dtype).bits) == 0:
+        return None
+    return 1 << torch.iinfo(out.dtype).bits
+
+
+def _check_divisor(modulus: int, divisor: int | None) -> None:
+    if divisor is not None and divisor % modulus == 0:
         raise RuntimeError("ZeroDivisionError")
+
+
+def _check_lifted_divisor(modulus: int, values) -> None:
+    _check_divisor(modulus, _int_value(values[1]))
 
 
 def per_call_check(func, kwargs, template, values, meta_out):
@@ -134,11 +145,9 @@ def per_call_check(func, kwargs, template, values, meta_out):
     if not isinstance(out, torch.Tensor) or out.dtype in (torch.float64, torch.complex128, torch.complex64):
         return None
     checks = []
-    divides = name in _INTEGER_DIVISION or (name == "div" and kwargs.get("rounding_mode") is not None)
-    integral = not out.dtype.is_floating_point and out.dtype is not torch.bool
-    if divides and integral and out.numel() and len(values) > 1 and type(values[1]) is Scalar:
-        modulus = 1 << torch.iinfo(out.dtype).bits
-        checks.append(functools.partial(_check_divisor, modulus))
+    modulus = _division_modulus(func, kwargs, meta_out)
+    if modulus is not None and len(values) > 1 and type(values[1]) is Scalar:
+        checks.append(functools.partial(_check_lifted_divisor, modulus))
     lifted = any(type(v) is Scalar and v.kind is not complex for v in values)
     if name in _CHECKED_CONVERSION_OPS and lifted and out.dtype is not torch.bool:  # bool converts unchecked
         info = torch.finfo(out.dtype) if out.dtype.is_floating_point else torch.iinfo(out.dtype)
@@ -176,11 +185,6 @@ def _check_random_parameters(func, template, passed: set, values) -> None:
     if len(passed) >= 64:  # a parameter that changes every call: keep the set small
         passed.clear()
     passed.add(key)
-
-
-def _check_divisor(modulus: int, values) -> None:
-    if values[1].kind is int and values[1].value % modulus == 0:
-        raise RuntimeError("ZeroDivisionError")
 
 
 def _check_range(func, template, lo, hi, values) -> None:
