@@ -179,7 +179,9 @@ def _check_random_parameters(func, template, passed: set, values) -> None:
     key = tuple(v.value for v in values if type(v) is Scalar)
     if key in passed:
         return
-    error = cpu_error(func, template, values, lambda v: torch.empty((0,) * v.dim(), dtype=v.dtype))
+    # zero-size stand-ins, a 0-d tensor included (a 0-d one would hold an uninitialised
+    # parameter and draw from the CPU generator); they broadcast with one another
+    error = cpu_error(func, template, values, lambda v: torch.empty((0,) * max(v.dim(), 1), dtype=v.dtype))
     if error is not None and "expects" in error[1]:
         raise error[0](error[1]) from None
     if len(passed) >= 64:  # a parameter that changes every call: keep the set small

@@ -321,3 +321,15 @@ def test_bad_random_parameters_raise_torchs_error_at_every_call(name, eager_mode
     with pytest.raises(RuntimeError):
         bad(torch.ones(4).to("tpu"))
     assert torch.equal(torch.ones(4).to("tpu").uniform_().cpu(), first)
+
+
+def test_random_parameter_check_of_0d_tensors_draws_nothing_on_cpu():
+    """The per-call parameter check runs the op on zero-size CPU stand-ins; a 0-d
+    parameter's stand-in once had one uninitialised element: it drew from the
+    CPU generator and, holding a negative ``std`` by chance, raised torch's error."""
+    mean = torch.tensor(0.5, dtype=torch.float64).to("tpu")
+    std = torch.tensor(2.0, dtype=torch.float64).to("tpu")
+    state = torch.get_rng_state()
+    out = torch.normal(mean, std)  # a new call signature: the check runs
+    assert torch.equal(torch.get_rng_state(), state)
+    assert out.shape == () and torch.isfinite(out.cpu())
