@@ -61,6 +61,7 @@ class JaxWorkload:
     jitted: Any  # the jax.jit function (``_cache_size()`` counts its compiles)
     run: Callable[[], jax.Array]  # one step: updates the state, returns the loss
     outputs: Callable[[], Any]  # everything the last step produced
+    args: Callable[[], tuple] | None = None  # the next step's arguments (training steps)
 
     def step(self) -> jax.Array:
         return self.run()
@@ -99,7 +100,8 @@ def mlp(init: dict[str, Any], lr: float = W.MLP_LR, grads: bool = False) -> JaxW
         state["params"], state["loss"], state["grads"] = step(state["params"], x, y)
         return state["loss"]
 
-    return JaxWorkload(f"mlp_b{x.shape[0]}", step, run, lambda: (state["params"], state["loss"], state["grads"]))
+    outputs = lambda: (state["params"], state["loss"], state["grads"])  # noqa: E731
+    return JaxWorkload(f"mlp_b{x.shape[0]}", step, run, outputs, lambda: (state["params"], x, y))
 
 
 # ---------------------------------------------------------------------------
@@ -239,7 +241,12 @@ def transformer(init: dict[str, Any], opt: dict = W.ADAMW, grads: bool = False) 
         return state["loss"]
 
     outputs = ("params", "m", "v", "loss", "grads")
-    return JaxWorkload("transformer", step, run, lambda: tuple(state[k] for k in outputs))
+
+    def args():
+        t = jnp.asarray(state["t"] + 1, dtype=F32)
+        return state["params"], state["m"], state["v"], t, inp, tgt
+
+    return JaxWorkload("transformer", step, run, lambda: tuple(state[k] for k in outputs), args)
 
 
 # Same keys as ``benchmarks.workloads.WORKLOADS``.

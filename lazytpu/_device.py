@@ -55,14 +55,15 @@ def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_me
 
 def _after_optimizer_step(optimizer, args, kwargs) -> None:
     """The end of ``optimizer.step()`` is a sync point: one program per step
-    even in a loop that never reads a value (asynchronous: it does not wait)."""
+    even in a loop that never reads a value (asynchronous: it does not wait;
+    dispatched at the next op, Note [Step boundary] in engine)."""
     if not _config.SYNC_ON_OPTIMIZER_STEP.get():
         return
     devices = {
         p.device.index or 0 for group in optimizer.param_groups for p in group["params"] if p.device.type == "tpu"
     }
     for index in sorted(devices):
-        context(index).flush("optimizer_step")
+        context(index).end_step()  # Note [Step boundary] in engine
 
 
 def _copy_from(src, dst, non_blocking=False):

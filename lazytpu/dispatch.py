@@ -37,7 +37,7 @@ from lazytpu.aliasing import (
     write,
     write_value,
 )
-from lazytpu.engine import RNG_AVAL, context
+from lazytpu.engine import RNG_AVAL, STEPS_DUE, context, run_due_steps
 from lazytpu.ir import Failed, Node, Output, Scalar, Storage
 from lazytpu.ir.node import op_sig
 from lazytpu.ir.template import Slot, Template, fill, flatten
@@ -955,8 +955,22 @@ def _indices_to_device(args):
     return (args[0], indices, *args[2:])
 
 
+_COPY = aten.copy_.default
+
+
+def _ends_step_wait(func, args) -> bool:
+    """Whether ``func`` dispatches the program of a step that ended (Note [Step
+    boundary] in engine): any op but a copy from the host (the next batch) and
+    a view (``loss.detach()``), which compute nothing."""
+    if func is _COPY:
+        return type(args[1]) is LazyTensor
+    return _view_kind(func) != "view"
+
+
 def dispatch(func, args, kwargs):
     """Resolve one op (Note [Resolution order])."""
+    if STEPS_DUE and _ends_step_wait(func, args):
+        run_due_steps()
     if func in _CPU_INDEX_OPS and len(args) > 1 and type(args[0]) is LazyTensor:
         args = _indices_to_device(args)
     rule = _RECORDED.get(func)

@@ -479,7 +479,12 @@ def test_defer_training_step_is_one_program_per_sync(name):
     for _ in range(3):
         step()
     lazytpu.sync()
-    assert [programs_run(step) for _ in range(3)] == [1, 1, 1]
+
+    def step_and_its_program():  # the step's program waits for the next op or sync (Note [Step boundary])
+        step()
+        lazytpu.sync()
+
+    assert [programs_run(step_and_its_program) for _ in range(3)] == [1, 1, 1]
     assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {}
 
 

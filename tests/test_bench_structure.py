@@ -124,6 +124,20 @@ def test_floor_entry_point_smoke():
     assert all(float(r[-1]) > 0 for r in rows)  # jax.jit+grads / jax.jit
 
 
+def test_programs_entry_point_smoke():
+    """``python -m benchmarks.programs`` times the step's programs alone: the steps whose gradients the
+    loop dropped have a program without them (Note [Step boundary]); the block's last step writes them."""
+    cmd = [sys.executable, "-m", "benchmarks.programs", "--small", "--rounds", "2", "--calls", "2"]
+    proc = subprocess.run([*cmd, "--workloads", "mlp_b32"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("  ")]
+    assert [r.split("(")[0].split(" ms")[0].strip() for r in rows[:2]] == ["lazytpu step"] * 2
+    assert "(9 of 10 in a block, 7 outputs)" in rows[0]  # 6 parameters and the loss
+    assert "(1 of 10 in a block, 13 outputs)" in rows[1]  # and the 6 gradients
+    assert [r.split("  ")[1].strip() for r in rows[2:]] == ["jax.jit step", "jax.jit step + its gradients"]
+    assert all(float(r.split()[-3]) > 0 for r in rows)  # ms per call
+
+
 def _torch_grads_as_jax_tree(name: str, model: torch.nn.Module):
     """``model``'s ``.grad`` in the parameter tree the hand-written JAX step uses."""
     grads = {k: p.grad for k, p in model.named_parameters()}

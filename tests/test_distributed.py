@@ -600,12 +600,23 @@ def _section_in_graph(rank, world):
         ref_opt.zero_grad()
         F.mse_loss(reference(x), y).backward()
         ref_opt.step()
+    torch.tpu.synchronize()  # the last step's program waits for the next op or sync (Note [Step boundary])
     snap = metrics.snapshot()
     assert "collective" not in snap["syncs"], snap["syncs"]
     # steps 2..4: one program each; step 5: two on rank 0 (the item() cut)
     assert snap["programs_executed"] == (5 if rank == 0 else 4), snap
     for p, q in zip(model.parameters(), reference.parameters()):
         assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5)
+    # A rank that enters a host collective right after its step records no op first: the step's
+    # program (with the in-graph all-reduce) must be dispatched at the step (Note [Step boundary]),
+    # or rank 0's read below waits for it while rank 1 waits in the barrier.
+    x, y = batches[0]
+    opt.zero_grad()
+    F.mse_loss(ddp(x[rank * 4 : rank * 4 + 4].to("tpu")), y[rank * 4 : rank * 4 + 4].to("tpu")).backward()
+    opt.step()
+    if rank == 0:
+        next(model.parameters()).detach().cpu()
+    torch.distributed.barrier()
 
 
 def _section_ddp_unsupported_options(rank, world):

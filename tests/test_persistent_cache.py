@@ -22,6 +22,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1)
 x = torch.randn(4, 8).to("tpu")
 for _ in range(3):
     opt.zero_grad(); model(x).square().mean().backward(); opt.step()
+lazytpu.sync()  # the last step's program (Note [Step boundary]) runs here, outside the block below
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     loss = model(x).square().mean().item()

@@ -109,7 +109,7 @@ def test_int64_and_float64_survive():
     assert (f.to("tpu") * 1.0).cpu().item() == 1.0 + 1e-12
 
 
-def _sgd_loop(steps: int) -> None:
+def _sgd_loop(steps: int) -> torch.nn.Module:
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 2).to("tpu")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -118,15 +118,81 @@ def _sgd_loop(steps: int) -> None:
         opt.zero_grad()
         model(x).square().sum().backward()
         opt.step()
+    return model
 
 
 def test_optimizer_step_is_a_sync_point():
     _sgd_loop(2)
     lazytpu.metrics.reset()
-    _sgd_loop(3)
+    model = _sgd_loop(3)
     snap = lazytpu.metrics.snapshot()
     assert snap["syncs"].get("optimizer_step") == 3
-    assert snap["programs_executed"] >= 3
+    # Note [Step boundary]: each step's program is dispatched at the next op; the last one's at this read
+    assert snap["programs_executed"] == 2
+    model.weight.cpu()
+    assert lazytpu.metrics.snapshot()["programs_executed"] == 3
+
+
+def _spy_outputs(monkeypatch) -> list:
+    """The output shapes of every program built from now on."""
+    from lazytpu import engine
+
+    shapes, build = [], engine.build_program
+
+    def spy(roots):
+        built = build(roots)
+        shapes.append(sorted(tuple(a.shape) for a in built[0].output_avals))
+        return built
+
+    monkeypatch.setattr(engine, "build_program", spy)
+    return shapes
+
+
+def test_a_steps_program_does_not_write_gradients_the_loop_drops(monkeypatch):
+    """Note [Step boundary]: ``zero_grad(set_to_none=True)`` frees the gradients before the
+    next op dispatches the step's program, so they are not among its outputs."""
+    _sgd_loop(2)
+    shapes = _spy_outputs(monkeypatch)
+    model = _sgd_loop(3)
+    lazytpu.sync()  # the last step's gradients are still in .grad: written
+    weight = (2, 8)
+    assert [s.count(weight) for s in shapes] == [1, 1, 2]  # the updated weight (and its gradient)
+    assert model.weight.grad is not None
+
+
+def test_a_step_writes_the_gradients_still_referenced(monkeypatch):
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(8, 2)
+    model = torch.nn.Linear(8, 2)
+    model.load_state_dict(cpu.state_dict())
+    model = model.to("tpu")
+    x = torch.randn(4, 8)
+    shapes = _spy_outputs(monkeypatch)
+    for m, inp in ((cpu, x), (model, x.to("tpu"))):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for _ in range(2):
+            opt.zero_grad()
+            m(inp).square().sum().backward()
+            opt.step()
+            kept = [p.grad for p in m.parameters()]  # read after the step, e.g. to log a norm
+    assert shapes[-1].count((2, 8)) == 2  # the weight and its gradient
+    for got, want in zip(kept, [p.grad for p in cpu.parameters()]):
+        torch.testing.assert_close(got.cpu(), want)
+
+
+def test_a_host_copy_or_a_view_does_not_dispatch_the_step():
+    model = _sgd_loop(2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = model(torch.randn(4, 8).to("tpu")).sum()
+    loss.backward()
+    opt.step()
+    before = lazytpu.metrics.snapshot()["programs_executed"]
+    loss.detach()
+    batch = torch.randn(4, 8).to("tpu")
+    opt.zero_grad()
+    assert lazytpu.metrics.snapshot()["programs_executed"] == before
+    model(batch)  # the next step's first op
+    assert lazytpu.metrics.snapshot()["programs_executed"] == before + 1
 
 
 def test_optimizer_step_sync_can_be_turned_off():

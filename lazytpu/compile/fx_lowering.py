@@ -52,7 +52,7 @@ from torch.fx.experimental.symbolic_shapes import is_concrete_int
 from lazytpu import _caches, _dtypes, hostio
 from lazytpu.aliasing import contiguous_strides, new_tensor_of, view_dtype, write_value
 from lazytpu.compile.explain import observe_compile
-from lazytpu.engine import RNG_AVAL, context
+from lazytpu.engine import RNG_AVAL, STEPS_DUE, context, run_due_steps
 from lazytpu.ir import Aval, Node, Output, Scalar, Storage
 from lazytpu.ir.node import op_sig
 from lazytpu.ir.template import Slot, Template, fill, flatten
@@ -569,6 +569,8 @@ class GraphProgram:
     @torch.compiler.disable  # Note [Dynamo hooks], 3: nothing below is user code
     def __call__(self, args: list):
         """Record the graph as one node of the pending graph (Note [Graphs as nodes])."""
+        if STEPS_DUE:
+            run_due_steps()  # Note [Step boundary] in engine
         values = args if not self.constants else [*args, *self.constants]
         index = next((v._lt_index for v in values if type(v) is LazyTensor), 0)
         ctx = context(index)
