@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-opinfo test-contract coverage soak fuzz lint venv clean bench notebooks
+.PHONY: demo test test-opinfo test-contract coverage soak fuzz dtype-sweep lint venv clean bench notebooks
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ soak: $(STAMP)
 # A long differential-fuzzing campaign of aliasing programs (random seed).
 fuzz: $(STAMP)
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-5000} FUZZ_RANDOM=1 $(BIN)/python -m pytest -q -s tests/test_fuzz_aliasing.py
+
+# Ops that CPU torch rejects for a dtype and tpu computes (a survey, not a test).
+dtype-sweep: $(STAMP)
+	$(BIN)/python tests/dtype_sweep.py
 
 # The benchmark suite (benchmarks/README.md): table on stdout, JSON + PNG in benchmarks/results/.
 bench: $(STAMP)
