@@ -420,6 +420,7 @@ def _check_generator(kwargs) -> None:
 _KERNEL_ERRORS = re.compile(
     r"not (yet )?implemented for|same dtype|expected scalar type|Dimension out of range|destination dtypes match"
     r"|not supported for complex|p has to be greater than or equal to 1|alpha must not be a floating point"
+    r"|only support floating point|Expected a floating point|handle types other than"
 )
 
 
@@ -446,8 +447,6 @@ _KERNEL_CHECKED = frozenset(
         "addmv",
         "dot",
         "vdot",
-        "_softmax",
-        "_log_softmax",
         "cumsum",
         "cumprod",
         "logcumsumexp",
@@ -465,6 +464,31 @@ _KERNEL_CHECKED = frozenset(
         "threshold",
         "add",  # a float alpha with bool tensors (meta checks it for the other integer dtypes only)
         "sub",
+        "addcmul",
+        "addcdiv",
+        "lerp",
+        "var",
+        "std",
+        "histc",
+        "gelu",
+        "silu",
+        "softplus",
+        "glu",
+        "nll_loss_forward",
+        "nll_loss2d_forward",
+        "huber_loss",
+        "binary_cross_entropy",
+        "soft_margin_loss",
+        # linear algebra (LAPACK kernels): floating and complex dtypes only
+        "linalg_cholesky_ex",
+        "cholesky_solve",
+        "cholesky_inverse",
+        "linalg_solve_triangular",
+        "triangular_solve",
+        "linalg_lstsq",
+        "linalg_householder_product",
+        "geqrf",
+        "ormqr",
         # pointwise special functions (lowering/special.py, pointwise_ext.py): dtypes the CPU kernels lack
         "frac",
         "mish",
@@ -505,14 +529,26 @@ _KERNEL_CHECKED = frozenset(
 )
 
 
+# Families whose CPU kernels return before checking the dtype when the input
+# is empty: their check runs on one-element inputs of ones instead.
+_KERNEL_CHECKED_ON_ONES = frozenset(
+    {"_softmax", "_log_softmax", "round", "cholesky", "_linalg_eigh", "linalg_lu_factor_ex", "linalg_lu"}
+)
+
+
 def _check_kernel_dtypes(func, template, values) -> None:
     """Note [Kernel checks]: meta kernels skip some checks real kernels make
     (dtype support, mixed dtypes in mm, dim wrapping in softmax). Once per call
     signature, the op runs on CPU with every dimension 0 (no work); if that
     raises one of those size-independent errors, raise it now, as the
-    backend's (``"bitwise_and_tpu" not implemented for 'Float'``)."""
+    backend's (``"bitwise_and_tpu" not implemented for 'Float'``). Kernels
+    that return before their dtype check on empty inputs (softmax, eigh)
+    run on one-element inputs of ones instead. ``make dtype-sweep`` lists
+    the ops still missing (``tests/dtype_sweep.py``)."""
 
-    if func._schema.name.split("::")[-1] not in _KERNEL_CHECKED:
+    family = func._schema.name.split("::")[-1]
+    ones = family in _KERNEL_CHECKED_ON_ONES
+    if family not in _KERNEL_CHECKED and not ones:
         return  # some CPU kernels crash (SIGFPE) on zero-size inputs: only known-safe families run
     tensors = [v for v in values if type(v) is not Scalar]
     if not tensors:
@@ -520,6 +556,8 @@ def _check_kernel_dtypes(func, template, values) -> None:
     exact = all(v.numel() == 0 for v in tensors)  # empty inputs: the real call costs nothing
 
     def empty(v):
+        if ones and not exact:
+            return torch.ones((1,) * len(v.shape), dtype=v.dtype)
         return torch.empty(tuple(v.shape) if exact else (0,) * len(v.shape), dtype=v.dtype)
 
     error = scalars.cpu_error(func, template, values, empty)

@@ -73,6 +73,32 @@ CASES = {
     "cumsum_dim": lambda d: _t(2, 3).to(d).cumsum(2),
     "clamp_no_bounds": lambda d: _t(3).to(d).clamp(),
     "mvlgamma_p": lambda d: torch.mvlgamma(_t(3).to(d).abs() + 2, 0),
+    # dtypes a CPU kernel rejects whatever the sizes (Note [Kernel checks] in dispatch.py)
+    "gelu_int": lambda d: torch.nn.functional.gelu(_t(3, dtype=torch.int32).to(d)),
+    "silu_int": lambda d: torch.nn.functional.silu(_t(3, dtype=torch.int64).to(d)),
+    "softplus_int": lambda d: torch.nn.functional.softplus(_t(3, dtype=torch.int16).to(d)),
+    "softmax_int_dim0": lambda d: _t(2, 3, dtype=torch.int32).to(d).softmax(0),
+    "log_softmax_int_last_dim": lambda d: _t(2, 3, dtype=torch.int64).to(d).log_softmax(-1),
+    "cross_entropy_int_logits": lambda d: torch.nn.functional.cross_entropy(
+        _t(4, 3, dtype=torch.int64).to(d), torch.zeros(4).long().to(d)
+    ),
+    "nll_loss_int_input": lambda d: torch.nn.functional.nll_loss(
+        _t(4, 3, dtype=torch.int32).to(d), torch.zeros(4).long().to(d)
+    ),
+    "var_int": lambda d: _t(3, dtype=torch.int32).to(d).var(),
+    "std_int": lambda d: _t(2, 3, dtype=torch.int64).to(d).std(0),
+    "addcmul_bool": lambda d: torch.addcmul(*[_t(3, dtype=torch.bool).to(d)] * 3),
+    "lerp_int": lambda d: torch.lerp(_t(3, dtype=torch.int32).to(d), _t(3, dtype=torch.int32).to(d), 0.5),
+    "histc_int": lambda d: torch.histc(_t(3, dtype=torch.int32).to(d)),
+    "round_decimals_int": lambda d: torch.round(_t(3, dtype=torch.int32).to(d), decimals=2),
+    "cholesky_int": lambda d: torch.linalg.cholesky(_t(2, 2, dtype=torch.int32).to(d)),
+    "eigh_int": lambda d: torch.linalg.eigh(_t(2, 2, dtype=torch.int32).to(d)),
+    "lu_int": lambda d: torch.linalg.lu(_t(2, 2, dtype=torch.int64).to(d)),
+    "solve_triangular_int": lambda d: torch.linalg.solve_triangular(
+        _t(2, 2, dtype=torch.int32).to(d), _t(2, 1, dtype=torch.int32).to(d), upper=True
+    ),
+    "geqrf_int": lambda d: torch.geqrf(_t(2, 2, dtype=torch.int32).to(d)),
+    "lstsq_int": lambda d: torch.linalg.lstsq(_t(2, 2, dtype=torch.int32).to(d), _t(2, 1, dtype=torch.int32).to(d)),
 }
 
 
