@@ -103,7 +103,7 @@ def measure(name: str, rounds: int, calls: int, small: bool = False) -> dict[str
     executables = {}
     for n, key in enumerate(step_keys):
         fn, specs = programs[key]
-        outputs = len(jax.eval_shape(fn, *_inputs(specs, 0)))
+        outputs = len(jax.eval_shape(fn, *specs))
         label = f"lazytpu step ({runs.count(key)} of {len(runs)} in a block, {outputs} outputs)"
         args = _inputs(specs, n)
         executables[label] = (jax.jit(fn).lower(*args).compile(), args)

@@ -76,7 +76,6 @@ class DeviceContext:
         # the group's mesh of processes instead of on this device alone.
         self.collective_runner = None
         self.checks: list = []  # Note [Deferred checks]
-        self.step_due = False  # Note [Step boundary]
 
     def fold_metrics(self) -> None:
         with self.graph.lock:
@@ -153,8 +152,7 @@ class DeviceContext:
         with self.graph.lock:
             if self.collective_runner is not None:  # every rank's program must run: no waiting
                 self.flush("optimizer_step", count=False)
-            elif not self.step_due:
-                self.step_due = True
+            elif self not in STEPS_DUE:
                 STEPS_DUE.append(self)
 
     def flush(self, reason: str, count: bool = True) -> tuple:
@@ -168,8 +166,7 @@ class DeviceContext:
         """
         with self.graph.lock:
             self.fold_metrics()
-            if self.step_due:
-                self.step_due = False
+            if STEPS_DUE and self in STEPS_DUE:
                 STEPS_DUE.remove(self)
             roots = self.graph.roots()
             if count:
