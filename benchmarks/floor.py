@@ -3,27 +3,23 @@
     python -m benchmarks.floor [--workloads mlp_b32,transformer] [--steps 200]
 
 Issue 8 asks ``torch.compile(backend="tpu")`` to run a training step within
-1.1x of the hand-written ``jax.jit`` step, timed as the suite times a step:
-the step, then a wait for its loss. In that measurement the host's work and
-the device's run one after the other, so the compiled step's host work must
-fit in a tenth of the ``jax.jit`` step.
+1.1x of the hand-written ``jax.jit`` step. This measures how close *any*
+torch.compile backend can get on this machine.
 
-This measures the part of that host work no backend can remove: the same
-workload on CPU under ``torch.compile`` with a *null backend*, whose
-forward, backward and optimizer graphs compute nothing (each returns fresh
-uninitialised tensors of its outputs' layouts, after one real run to learn
-them). What remains is dynamo's frame entry and guards, AOTAutograd's
-runtime wrappers, the autograd engine and the optimizer's Python, per step.
-It is printed beside the ``jax.jit`` step (same process, interleaved) and the
-1.1x budget (a tenth of the ``jax.jit`` step). Run with the suite's thread
-settings (one compute thread).
-
-A second floor is semantic: after a torch step the gradients are live in
-``.grad`` (``zero_grad(set_to_none=True)`` drops them only at the next step),
-so any torch backend's step program writes them out; the hand-written
-``jax.jit`` step keeps them internal. The last column is the same ``jax.jit``
-step returning its gradients too, over the step without them: what writing
-``.grad`` costs a program, before any host work.
+The same workload runs on CPU under ``torch.compile`` with a *null backend*,
+whose forward, backward and optimizer graphs compute nothing (each returns
+fresh uninitialised tensors of its outputs' layouts, after one real run to
+learn them). What remains is torch's own host work per step: dynamo's frame
+entry and guards, AOTAutograd's runtime wrappers, the autograd engine and the
+optimizer's Python. Printed: its time per step (with a wait for the loss) beside
+the ``jax.jit`` step's, and the *ideal backend*: each step runs that host work
+and then dispatches the ``jax.jit`` step itself, a backend that costs nothing
+and whose program is exactly the hand-written one. Its ratio to the ``jax.jit``
+step alone, per step (each step waited for) and pipelined (blocks of
+``PIPELINE`` steps, one wait; the host's work can then overlap the device's),
+is the best ratio a torch.compile backend can reach here: a target below it
+asks for less host work than torch itself does. All timings interleaved, in
+one process, with the suite's thread settings (one compute thread).
 """
 
 from __future__ import annotations
@@ -86,41 +82,38 @@ def measure(name: str, steps: int, small: bool = False) -> dict:
     workload = factory("cpu", **kwargs)
     workload.compile(functools.partial(torch.compile, backend=null_backend), optimizer=True)
     init = factory("cpu", **kwargs).init_state
-    jw, jgw = J.BUILDERS[name](init), J.BUILDERS[name](init, grads=True)
+    jw, ideal_jw = J.BUILDERS[name](init), J.BUILDERS[name](init)
 
-    def run_jax(j):
-        j.step()
-        j.wait()
+    def ideal_step():  # torch.compile's host work, then the jax.jit step as the program
+        workload.step()
+        ideal_jw.step()
 
-    runs = {"null": lambda: workload.step().item(), "jax": lambda: run_jax(jw), "jax_grads": lambda: run_jax(jgw)}
+    steppers = {"null": workload.step, "jax": jw.step, "ideal": ideal_step}
+    waits = {"null": lambda loss: loss.item(), "jax": lambda _: jw.wait(), "ideal": lambda _: ideal_jw.wait()}
     for _ in range(10):
-        for run in runs.values():
-            run()
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(steps):
-        for key, run in runs.items():
+        for key, step in steppers.items():
+            waits[key](step())
+    times: dict[str, list[float]] = {k: [] for k in steppers}
+    blocks: dict[str, list[float]] = {"jax": [], "ideal": []}
+    for i in range(steps):
+        for key, step in steppers.items():
             start = time.perf_counter()
-            run()
+            waits[key](step())
             times[key].append(time.perf_counter() - start)
+        if i % PIPELINE == 0:  # a pipelined block of each, interleaved the same way
+            for key in blocks:
+                start = time.perf_counter()
+                for _ in range(PIPELINE):
+                    out = steppers[key]()
+                waits[key](out)
+                blocks[key].append(time.perf_counter() - start)
     null_ms, jax_ms = statistics.median(times["null"]) * 1e3, statistics.median(times["jax"]) * 1e3
-    grads_ratio = statistics.median(g / j for g, j in zip(times["jax_grads"], times["jax"]))
-    # the same two jax.jit steps pipelined (blocks of PIPELINE steps, then a wait), interleaved
-    blocks: dict[str, list[float]] = {"jax": [], "jax_grads": []}
-    for _ in range(max(2, steps // PIPELINE)):
-        for key, j in (("jax", jw), ("jax_grads", jgw)):
-            start = time.perf_counter()
-            for _ in range(PIPELINE):
-                j.step()
-            j.wait()
-            blocks[key].append(time.perf_counter() - start)
-    grads_pipelined = statistics.median(g / j for g, j in zip(blocks["jax_grads"], blocks["jax"]))
     return {
         "workload": name,
         "null_ms": null_ms,
         "jax_ms": jax_ms,
-        "budget_ms": 0.1 * jax_ms,
-        "grads_ratio": grads_ratio,
-        "grads_pipelined_ratio": grads_pipelined,
+        "ideal_ratio": statistics.median(a / b for a, b in zip(times["ideal"], times["jax"])),
+        "ideal_pipelined_ratio": statistics.median(a / b for a, b in zip(blocks["ideal"], blocks["jax"])),
     }
 
 
@@ -132,19 +125,17 @@ def main(argv=None) -> int:
     parser.add_argument("--small", action="store_true", help="tiny sizes (a smoke test, not a measurement)")
     args = parser.parse_args(argv)
     settings.configure_environment(args.threads)
-    header = f"{'workload':<12} {'null backend':>13} {'jax.jit step':>13} {'1.1x budget':>12} {'null/budget':>12}"
-    print(header + f" {'jax.jit+grads / jax.jit':>24} {'pipelined':>10}")
+    print(f"{'workload':<12} {'null backend':>13} {'jax.jit step':>13} {'ideal/jax.jit':>14} {'pipelined':>10}")
     for name in args.workloads.split(","):
         r = measure(name, args.steps, args.small)
         print(
-            f"{name:<12} {r['null_ms']:>10.3f} ms {r['jax_ms']:>10.3f} ms {r['budget_ms']:>9.3f} ms "
-            f"{r['null_ms'] / r['budget_ms']:>12.1f} {r['grads_ratio']:>24.2f} {r['grads_pipelined_ratio']:>10.2f}"
+            f"{name:<12} {r['null_ms']:>10.3f} ms {r['jax_ms']:>10.3f} ms "
+            f"{r['ideal_ratio']:>14.3f} {r['ideal_pipelined_ratio']:>10.3f}"
         )
     print(
         "null backend: torch.compile's own host time per step (graphs compute nothing); "
-        "budget: what 1.1x of the jax.jit step leaves for all host work when host and device run in series; "
-        "jax.jit+grads: the jax.jit step also returning its gradients (a torch step leaves them in .grad), "
-        f"per step and pipelined ({PIPELINE} steps per wait)"
+        "ideal: that host work plus the jax.jit step as the program (a backend that costs nothing), "
+        f"over the jax.jit step, per step with its wait and pipelined ({PIPELINE} steps per wait)"
     )
     return 0
 

@@ -54,6 +54,7 @@ import lazytpu  # noqa: E402
 from benchmarks import jax_workloads as J  # noqa: E402
 from benchmarks import report  # noqa: E402
 from benchmarks import workloads as W  # noqa: E402
+from benchmarks.floor import null_backend  # noqa: E402
 
 RECORD_SIZE = 16  # elements of the tensor the recording microbenchmark works on
 
@@ -239,6 +240,40 @@ class JaxCase(Case):
         return {"compiled": self.jw.jitted._cache_size(), "executed": 0, "fallbacks": {}}
 
 
+class IdealCase(JaxCase):
+    """The best a ``torch.compile`` backend can do here: each step runs torch.compile's own
+    host work (the workload on CPU under a null backend, whose graphs compute nothing:
+    ``benchmarks.floor``), then dispatches the hand-written ``jax.jit`` step as its program.
+    A backend that costs nothing and whose program is exactly ``jax.jit``'s; ``ideal/jax``
+    is the ceiling of ``tpu_compile/jax``."""
+
+    def setup(self) -> None:
+        super().setup()
+        self.w = W.WORKLOADS[self.workload][0]("cpu", **self.kwargs)
+        self.w.compile(functools.partial(torch.compile, backend=null_backend), optimizer=True)
+        jax_step, torch_step = self.jw.step, self.w.step
+
+        def step():
+            torch_step()
+            return jax_step()
+
+        self.step = step
+
+    def timed_step(self):
+        timer = _Timer()
+        loss = self.step()
+        self.jw.wait()
+        wall, cpu = timer.stop()
+        return wall, cpu, float(loss)
+
+    def timed_block(self, n: int):
+        return _timed_block(n, self.step, lambda _: self.jw.wait())
+
+    def free(self) -> None:
+        super().free()
+        self.__dict__.pop("step", None)
+
+
 class RecordCase(Case):
     """(d) ``n`` tiny elementwise ops; the time is per op.
 
@@ -251,7 +286,7 @@ class RecordCase(Case):
 
     def setup(self) -> None:
         self.n = self.kwargs["n_ops"]
-        if self.variant in ("compile", "tpu_compile", "jax"):
+        if self.variant in ("compile", "tpu_compile", "jax", "ideal"):
             raise NotApplicable("(d) measures per-op dispatch of eager torch code")
         x = torch.randn(RECORD_SIZE, generator=torch.Generator().manual_seed(W.SEED))
         self.x = x if self.variant == "cpu" else x.to("tpu")
@@ -289,6 +324,7 @@ CASE_TYPES = {
     "compile": TorchCase,
     "tpu_compile": TpuCompileCase,
     "jax": JaxCase,
+    "ideal": IdealCase,
 }
 
 
