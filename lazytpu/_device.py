@@ -75,7 +75,7 @@ def _copy_from(src, dst, non_blocking=False):
 
 
 def _copy_from_and_resize(src, dst):
-    from lazytpu.dispatch import resize_to
+    from lazytpu.views import resize_to
 
     if dst.device.type == "tpu":
         resize_to(dst, src.shape)

@@ -17,8 +17,9 @@ from __future__ import annotations
 import torch
 
 from lazytpu import _config, debug, dispatch, hostio
-from lazytpu.dispatch import DATA_DEPENDENT, MetaUnavailable, cpu_fallback, handles, record
+from lazytpu.dispatch import MetaUnavailable, handles, record
 from lazytpu.engine import context
+from lazytpu.fallback import DATA_DEPENDENT, cpu_fallback
 from lazytpu.ir import Output
 from lazytpu.lowering import get_rule
 from lazytpu.tensor import LazyTensor

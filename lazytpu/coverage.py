@@ -38,18 +38,18 @@ STATUSES = ("lowered", "decomposed", "fallback", "failing")
 def route(func) -> str | None:
     """How the dispatcher resolves ``func`` when nothing fails:
     ``"lowered"``, ``"decomposed"`` or None (CPU fallback)."""
-    from lazytpu import dispatch
+    from lazytpu import dispatch, inplace, views
     from lazytpu.lowering import get_rule
 
-    if func in dispatch._HANDLERS or get_rule(func) is not None or dispatch._view_kind(func):
+    if func in dispatch._HANDLERS or get_rule(func) is not None or views._view_kind(func):
         return "lowered"
     name = func._schema.name
     if name.startswith("aten::_foreach_"):
         from lazytpu.foreach import element_op
 
         return "decomposed" if element_op(func) is not None else None
-    if dispatch._is_inplace(func) or dispatch._out_args(func):
-        functional = dispatch._functional_of(func)
+    if inplace._is_inplace(func) or inplace._out_args(func):
+        functional = inplace._functional_of(func)
         if functional is not None and dispatch._resolves(functional):
             return route(functional)
     if func in dispatch._DECOMPOSITIONS or func._can_decompose():

@@ -11,11 +11,13 @@ from lazytpu import _caches, debug
 from lazytpu import dispatch as _d  # dispatch imports this module: attributes are read at call time
 from lazytpu.aliasing import read, write_value
 from lazytpu.engine import context
+from lazytpu.inplace import _functional_args, _functional_of, _is_inplace
 from lazytpu.ir import Node, Output, Scalar, Storage
 from lazytpu.ir.foreach import ForeachPart, ForeachSpec, foreach_op
 from lazytpu.ir.node import op_sig
 from lazytpu.lowering import get_rule
 from lazytpu.tensor import LazyTensor
+from lazytpu.views import _view_kind
 
 aten = torch.ops.aten
 
@@ -98,7 +100,7 @@ def run_foreach(func, args, kwargs):
     element = element_op(func)
     if element is None:
         return NotImplemented
-    inplace = _d._is_inplace(func)
+    inplace = _is_inplace(func)
     void = inplace or func._schema.returns == []  # in-place, or writing ``out=`` lists
     if inplace or not void:
         try:
@@ -198,9 +200,9 @@ def _batchable(element):
     entry = _BATCHABLE.get(element, False)
     if entry is not False:
         return entry
-    functional = _d._functional_of(element) if _d._is_inplace(element) else element
+    functional = _functional_of(element) if _is_inplace(element) else element
     rule = None
-    if functional is not None and functional not in _d._HANDLERS and _d._view_kind(functional) is None:
+    if functional is not None and functional not in _d._HANDLERS and _view_kind(functional) is None:
         rule = get_rule(functional)
     entry = None if rule is None or rule.random else (functional, rule)
     _BATCHABLE[element] = entry
@@ -222,7 +224,7 @@ def _plan_batch(func, element, args, kwargs, inplace: bool, values: list):
         if inplace:
             _d._check_with_meta(element, call, extra)  # torch's errors (e.g. result type can't be cast)
             targets.append(_find(call[0], i, values, origins))
-            call, extra = _d._functional_args(element, functional, call, extra)
+            call, extra = _functional_args(element, functional, call, extra)
         key, vals = _d._signature(functional, call, extra)
         plan = _d._PLANS.get(key)
         if plan is None:

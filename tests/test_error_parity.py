@@ -73,7 +73,7 @@ CASES = {
     "cumsum_dim": lambda d: _t(2, 3).to(d).cumsum(2),
     "clamp_no_bounds": lambda d: _t(3).to(d).clamp(),
     "mvlgamma_p": lambda d: torch.mvlgamma(_t(3).to(d).abs() + 2, 0),
-    # dtypes a CPU kernel rejects whatever the sizes (Note [Kernel checks] in dispatch.py)
+    # dtypes a CPU kernel rejects whatever the sizes (Note [Kernel checks] in kernel_checks.py)
     "gelu_int": lambda d: torch.nn.functional.gelu(_t(3, dtype=torch.int32).to(d)),
     "silu_int": lambda d: torch.nn.functional.silu(_t(3, dtype=torch.int64).to(d)),
     "softplus_int": lambda d: torch.nn.functional.softplus(_t(3, dtype=torch.int16).to(d)),

@@ -312,8 +312,8 @@ def test_fallback_warns_once_per_op_and_counts_every_call(eager_mode):
     lazytpu.metrics.reset()
     with mode(eager_mode), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        dispatch_warned = lazytpu.dispatch._WARNED
-        dispatch_warned.difference_update(
+        fallback_warned = lazytpu.fallback._WARNED
+        fallback_warned.difference_update(
             {"lazytpu_contract_fallback.plus_one.default", "lazytpu_contract_fallback.times_three.default"}
         )
         t = x.to("tpu") * 2  # a pending input: materialized for the fallback

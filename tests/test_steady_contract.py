@@ -369,7 +369,7 @@ def test_cache_info_counts_hits_and_misses_and_disk_bytes():
 
 
 def test_clear_caches_clears_every_in_memory_cache_and_keeps_tensors_working():
-    from lazytpu import dispatch, tensor
+    from lazytpu import dispatch, tensor, views
     from lazytpu.ir import node
 
     cpu = torch.randn(4, 6)
@@ -380,7 +380,7 @@ def test_clear_caches_clears_every_in_memory_cache_and_keeps_tensors_working():
         "programs": lambda: runtime.cache_info()["entries"],
         "meta memo": lambda: len(dispatch._META_MEMO),
         "record plans": lambda: len(dispatch._PLANS),
-        "view plans": lambda: len(dispatch._VIEW_PLANS),
+        "view plans": lambda: len(views._VIEW_PLANS),
         "tensor descriptors": lambda: len(tensor._DESCS),
         "op signatures": lambda: len(node._SIGS),
         "recompile history": lambda: len(lazytpu.debug._HISTORY.programs),

@@ -148,13 +148,13 @@ def test_inplace_ops_match_cpu_and_record_no_extra_tensor(case):
 
 
 def test_views_are_planned_once():
-    from lazytpu import dispatch
+    from lazytpu import views
 
     x = torch.randn(3, 4, device="tpu")
     x.t()
-    planned = len(dispatch._VIEW_PLANS)
+    planned = len(views._VIEW_PLANS)
     for _ in range(3):
         y = x.t()
-    assert len(dispatch._VIEW_PLANS) == planned
+    assert len(views._VIEW_PLANS) == planned
     assert y.shape == (4, 3) and y.stride() == (1, 4) and y._lt_storage is x._lt_storage
     torch.testing.assert_close(y.cpu(), x.cpu().t())

@@ -1,0 +1,101 @@
+"""CPU fallback: an op with no lowering, or a data-dependent shape, runs on CPU torch."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from lazytpu import _caches, _config, hostio, metrics
+from lazytpu.aliasing import contiguous_strides, new_tensor, write_value
+from lazytpu.scalars import is_tpu_device
+from lazytpu.tensor import LazyTensor
+
+aten = torch.ops.aten
+
+_WARNED: set = set()
+_caches.register("fallback_warnings", _WARNED.clear)
+
+
+# Note [Data-dependent shapes]: ops whose output shape depends on values
+# (nonzero, unique, masked_select, boolean-mask indexing, repeat_interleave
+# without output_size) cannot be recorded: the inputs are synced (reason
+# "data_dependent"), the op runs where the data now is, and recording goes on
+# with its result. This is not a missing lowering, so it is not counted as a
+# CPU fallback and works with LAZYTPU_CPU_FALLBACK=0.
+DATA_DEPENDENT = frozenset(
+    {
+        aten.nonzero.default,
+        aten.nonzero_static.default,
+        aten.argwhere.default,
+        aten.masked_select.default,
+        aten._unique2.default,
+        aten.unique_dim.default,
+        aten.unique_consecutive.default,
+        aten._unique.default,
+        aten.repeat_interleave.Tensor,
+        aten.index.Tensor,
+        aten.index_put.default,
+        aten.index_put_.default,
+    }
+)
+
+
+def cpu_fallback(func, args, kwargs, *, data_dependent: bool = False):
+    """Run ``func`` on CPU torch; copy mutated inputs and results back."""
+    from lazytpu.dispatch import _device_index, _kwarg_device_index
+    from lazytpu.views import resize_to
+
+    name = str(func)
+    if data_dependent:
+        reason = "data_dependent"
+    else:
+        if not _config.CPU_FALLBACK.get():
+            raise NotImplementedError(
+                f"lazytpu: no lowering for {func} and CPU fallback is off (LAZYTPU_CPU_FALLBACK=0)"
+            )
+        reason = "cpu_fallback"
+        metrics.count("cpu_fallbacks", name)
+        if name not in _WARNED:
+            _WARNED.add(name)
+            warnings.warn(f"lazytpu: {name} has no lowering; it runs on CPU (slower, splits the program)", stacklevel=3)
+    lazies: list[LazyTensor] = []
+
+    def to_cpu(x):
+        lazies.append(x)
+        return hostio.to_cpu(x, reason=reason)
+
+    cargs = tuple(_map_tensors(a, LazyTensor, to_cpu) for a in args)
+    ckwargs = {k: _map_tensors(v, LazyTensor, to_cpu) for k, v in kwargs.items()}
+    if is_tpu_device(ckwargs.get("device")):
+        ckwargs["device"] = "cpu"
+    index = _device_index(lazies) if lazies else (_kwarg_device_index(kwargs) or 0)
+    out = func(*cargs, **ckwargs)
+    # write mutated arguments back
+    written = {}
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            lazy = kwargs.get(arg.name) if arg.kwarg_only else (args[i] if i < len(args) else None)
+            host = ckwargs.get(arg.name) if arg.kwarg_only else (cargs[i] if i < len(cargs) else None)
+            if type(lazy) is LazyTensor:
+                if tuple(lazy.shape) != tuple(host.shape):
+                    resize_to(lazy, host.shape)
+                write_value(lazy, hostio.data_from_cpu(host, index))
+                written[id(host)] = lazy
+
+    def back(x):
+        if id(x) in written:
+            return written[id(x)]
+        return new_tensor(hostio.data_from_cpu(x, index), x.shape, contiguous_strides(x.shape), x.dtype, index)
+
+    return _map_tensors(out, torch.Tensor, back)
+
+
+def _map_tensors(x, kind, fn):
+    """``fn`` applied to every ``kind`` tensor in nested lists/tuples
+    (a module function: Note [No closure cycles])."""
+    if isinstance(x, kind):
+        return fn(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map_tensors(y, kind, fn) for y in x)
+    return x

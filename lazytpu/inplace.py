@@ -1,0 +1,248 @@
+"""In-place and ``out=`` ops, run through their functional forms and written into their targets."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import torch
+
+from lazytpu import _caches
+from lazytpu.aliasing import check_overlap, cpu_probe, write
+
+# dispatch imports this module after defining these (as it does foreach and handlers)
+from lazytpu.dispatch import (
+    _RECORDED,
+    MetaUnavailable,
+    _check_generator,
+    _check_with_meta,
+    _signature,
+    dispatch,
+    record,
+)
+from lazytpu.fallback import DATA_DEPENDENT, cpu_fallback
+from lazytpu.tensor import LazyTensor
+from lazytpu.views import resize_to
+
+aten = torch.ops.aten
+
+# In-place ops whose functional form has another name.
+_FUNCTIONAL_NAMED = {aten.normal_.default: aten.normal_functional.default}
+
+
+_IGNORED = frozenset({"dtype", "layout", "device", "pin_memory", "generator"})
+
+
+def _arg_signature(schema, drop_out: bool) -> list[tuple[str, str]]:
+    return [
+        (a.name, str(a.type).replace("Optional[", "").rstrip("]"))
+        for a in schema.arguments
+        if not (drop_out and a.kwarg_only and a.alias_info is not None) and a.name not in _IGNORED
+    ]
+
+
+@functools.cache
+def _functional_of(func):
+    """The functional overload behind an in-place or out= overload, if any:
+    same argument names and types (dtype/device options aside)."""
+    if func in _FUNCTIONAL_NAMED:
+        return _FUNCTIONAL_NAMED[func]
+    schema = func._schema
+    name = schema.name.split("::")[-1]
+    base = name[:-1] if name.endswith("_") else name
+    packet = getattr(aten, base, None)
+    if packet is None:
+        return None
+    wanted = _arg_signature(schema, drop_out=True)
+    for overload in packet.overloads():
+        cand = getattr(packet, overload)
+        if cand is func or cand._schema.is_mutable:
+            continue
+        if _arg_signature(cand._schema, drop_out=False) == wanted:
+            return cand
+    return None
+
+
+def _call_functional(func, functional, args, kwargs, extra=None):
+    """Call ``functional`` with ``func``'s arguments, plus the defaults of
+    ``func`` for arguments the functional form requires (``bernoulli_(p=0.5)``
+    has a default that ``bernoulli.p`` lacks)."""
+    call_args, call_kwargs = _functional_args(func, functional, args, kwargs)
+    if extra:
+        call_kwargs = {**call_kwargs, **extra}
+    return dispatch(functional, call_args, call_kwargs)
+
+
+_RECIPES: dict = {}
+_caches.register("functional_recipes", _RECIPES.clear)
+
+
+def _functional_args(func, functional, args, kwargs) -> tuple[tuple, dict]:
+    # keyed by id: OpOverload hashes in Python; overloads live as long as torch
+    recipe_key = (id(func), len(args), tuple(kwargs))
+    recipe = _RECIPES.get(recipe_key)
+    if recipe is None:
+        recipe = _RECIPES[recipe_key] = _functional_recipe(func, functional, len(args), tuple(kwargs))
+    positional, named = recipe
+    call_args = tuple(_take(src, args, kwargs) for src in positional)
+    return call_args, {name: _take(src, args, kwargs) for name, src in named}
+
+
+def _take(src, args, kwargs):
+    kind, where = src
+    if kind == "arg":
+        return args[where]
+    if kind == "kwarg":
+        return kwargs[where]
+    return where  # a default value
+
+
+def _functional_recipe(func, functional, n_args: int, kwarg_names: tuple) -> tuple[tuple, tuple]:
+    """Where each argument of ``functional`` comes from, for a call of
+    ``func`` with ``n_args`` positional arguments and these keyword names:
+    ``(positional sources, ((name, source), ...))``; a source is
+    ``("arg", i)``, ``("kwarg", name)`` or ``("default", value)``."""
+    given = {}
+    defaults = {}
+    for i, a in enumerate(func._schema.arguments):
+        if a.kwarg_only and a.alias_info is not None:
+            continue  # out=
+        if i < n_args and not a.kwarg_only:
+            given[a.name] = ("arg", i)
+        elif a.name in kwarg_names:
+            given[a.name] = ("kwarg", a.name)
+        elif a.has_default_value():
+            defaults[a.name] = ("default", a.default_value)
+    call_args, call_kwargs = [], []
+    positional = True  # until an argument is skipped, the rest can stay positional
+    for a in functional._schema.arguments:
+        if a.name in given:
+            src = given[a.name]
+        elif a.name in defaults and not a.has_default_value():
+            src = defaults[a.name]
+        else:
+            positional = False
+            continue
+        if positional and not a.kwarg_only:
+            call_args.append(src)
+        else:
+            call_kwargs.append((a.name, src))
+    return tuple(call_args), tuple(call_kwargs)
+
+
+def _out_args(func) -> list[str]:
+    return [
+        a.name for a in func._schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
+    ]
+
+
+def _is_inplace(func) -> bool:
+    args = func._schema.arguments
+    return bool(args) and args[0].alias_info is not None and args[0].alias_info.is_write and not args[0].kwarg_only
+
+
+# In-place ops known to run as their functional form (dispatch's fast path),
+# and the call signatures of them already checked with the meta kernel.
+_INPLACE: dict = {}
+_caches.register("inplace_ops", _INPLACE.clear)
+_INPLACE_CHECKED: set = set()
+_caches.register("inplace_checked", _INPLACE_CHECKED.clear)
+
+
+def _run_inplace(func, functional, args, kwargs):
+    self = args[0]
+    key, _ = _signature(func, args, kwargs)
+    if key not in _INPLACE_CHECKED:
+        _check_with_meta(func, args, kwargs)  # torch's errors (e.g. result type can't be cast)
+        _INPLACE_CHECKED.add(key)
+    if type(self) is LazyTensor:
+        check_overlap(func, args, kwargs, self)
+    rule = _RECORDED.get(functional)
+    if rule is not None and type(self) is LazyTensor and self._lt_window is None:
+        call_args, call_kwargs = _functional_args(func, functional, args, kwargs)
+        try:
+            result = record(functional, call_args, call_kwargs, rule, into=self)
+        except MetaUnavailable:
+            result = cpu_fallback(functional, call_args, call_kwargs, data_dependent=functional in DATA_DEPENDENT)
+        if result is self:
+            return self
+    else:
+        result = _call_functional(func, functional, args, kwargs)
+    if isinstance(result, torch.Tensor) and not torch.can_cast(result.dtype, self.dtype):
+        # torch's check, which some meta kernels skip (``int_tensor.mul_(3.0)``)
+        raise RuntimeError(
+            f"result type {_type_name(result.dtype)} can't be cast to the desired output type {_type_name(self.dtype)}"
+        )
+    write(self, result)
+    return self
+
+
+@functools.cache
+def _type_name(dtype: torch.dtype) -> str:
+    """torch's C++ name of ``dtype`` (``Float``, ``ComplexDouble``) as its error messages spell it."""
+    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
+
+
+_OUT_DTYPE_ERRORS = re.compile(r"dtype|type to be|can't be cast|floating point type|Expected .* type")
+_OUT_DTYPES_CHECKED: dict = {}
+_caches.register("out_dtypes_checked", _OUT_DTYPES_CHECKED.clear)
+
+
+def _check_out_dtypes(func, args, kwargs) -> None:
+    """torch's error for an ``out=`` tensor of a dtype the op refuses (each op has its own
+    check and message; meta kernels skip most): the op runs once per call signature on CPU
+    zeros of the same layouts."""
+    key, _ = _signature(func, args, kwargs)
+    if key not in _OUT_DTYPES_CHECKED:
+        error = cpu_probe(func, args, kwargs)
+        ok = error is None or not isinstance(error, (RuntimeError, TypeError))
+        _OUT_DTYPES_CHECKED[key] = None if ok or not _OUT_DTYPE_ERRORS.search(str(error)) else error
+    error = _OUT_DTYPES_CHECKED[key]
+    if error is not None:
+        raise type(error)(str(error)) from None
+
+
+def _has_tensor(x) -> bool:
+    if isinstance(x, (list, tuple)):
+        return any(_has_tensor(y) for y in x)
+    return isinstance(x, torch.Tensor)
+
+
+# Reductions whose ``out=`` form without a ``dtype`` computes in the out tensor's dtype.
+_OUT_SETS_DTYPE = frozenset({"sum", "nansum", "prod", "cumsum", "cumprod"})
+
+
+def _out_dtype(func, functional, outs, kwargs) -> dict | None:
+    """An ``out=`` factory (``linspace.out``, ``arange.start_out``) computes in
+    its output's dtype: the functional form gets it as ``dtype``; so do
+    ``sum``/``prod``/``cumsum`` given no ``dtype``."""
+    if not (outs and type(outs[0]) is LazyTensor and _takes_dtype(functional)):
+        return None
+    if not _takes_dtype(func) or (kwargs.get("dtype") is None and func._schema.name.split("::")[-1] in _OUT_SETS_DTYPE):
+        return {"dtype": outs[0].dtype}
+    return None
+
+
+def _takes_dtype(op) -> bool:
+    return any(a.name == "dtype" for a in op._schema.arguments)
+
+
+def _run_out(func, functional, args, kwargs):
+    _check_generator(kwargs)
+    names = _out_args(func)
+    outs = [kwargs[n] for n in names]
+    for dst in outs:
+        if type(dst) is LazyTensor:
+            check_overlap(func, args, kwargs, dst)
+    result = _call_functional(func, functional, args, kwargs, _out_dtype(func, functional, outs, kwargs))
+    results = [result] if isinstance(result, torch.Tensor) else list(result)
+    if any(type(dst) is LazyTensor and dst.dtype != src.dtype for dst, src in zip(outs, results)):
+        _check_out_dtypes(func, args, kwargs)
+    # a factory (no tensor argument) resizes its out tensor silently, as torch's do
+    warn = _has_tensor(args) or _has_tensor([v for k, v in kwargs.items() if k not in names])
+    for dst, src in zip(outs, results):
+        if type(dst) is not LazyTensor:
+            raise RuntimeError(f"Expected out tensor to be on tpu, but found it on {dst.device}")
+        resize_to(dst, src.shape, warn=warn)
+        write(dst, src)
+    return outs[0] if len(outs) == 1 else tuple(outs)

@@ -1,0 +1,110 @@
+"""View ops: outputs that are windows on their input's storage, planned once per call signature."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+
+from lazytpu import _caches
+from lazytpu.aliasing import rebind_metadata, view_of
+
+# dispatch imports this module after defining these (as it does foreach and handlers)
+from lazytpu.dispatch import _HANDLERS, _pick, _signature, infer_meta
+from lazytpu.ir.template import flatten
+from lazytpu.tensor import LazyTensor, describe
+
+aten = torch.ops.aten
+
+
+@functools.cache
+def _view_kind(func) -> str | None:
+    """``"view"`` for ops returning a view of their first argument, ``"inplace_view"``
+    for ops changing their argument's own window (``t_``, ``squeeze_``, ...)."""
+    returns, args = func._schema.returns, func._schema.arguments
+    if not returns or not args or returns[0].alias_info is None or args[0].alias_info is None:
+        return None
+    if returns[0].alias_info.is_write:
+        return "inplace_view" if func._schema.name.split("::")[-1] in _INPLACE_VIEW_OPS else None
+    return "view"
+
+
+_INPLACE_VIEW_OPS = frozenset({"t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_", "swapdims_", "swapaxes_"})
+
+
+_VIEW_PLANS: dict = {}
+_caches.register("view_plans", _VIEW_PLANS.clear)
+
+
+def run_view(func, args, kwargs):
+    """A view op: the outputs share the input's storage (no node is recorded).
+
+    Returns None when torch's "view" changes the dtype to or from bool or
+    complex32: those are computed as values instead. The output
+    descriptions are planned once per call signature (Note [Plans]).
+    """
+    src = args[0]
+    key, _ = _signature(func, args, kwargs)
+    plan = _VIEW_PLANS.get(key)
+    if plan is None:
+        plan = _VIEW_PLANS[key] = _make_view_plan(func, args, kwargs, src)
+    if plan is False:
+        return None
+    descs, container = plan
+    storage, index = src._lt_storage, src._lt_index
+    if container is None:
+        return LazyTensor(storage, descs[0], index)
+    return container(LazyTensor(storage, d, index) for d in descs)
+
+
+def _make_view_plan(func, args, kwargs, src):
+    template, values = flatten(args, kwargs, _pick)
+    meta_out = infer_meta(func, template, values)
+    metas = [meta_out] if isinstance(meta_out, torch.Tensor) else list(meta_out)
+    if any(m.dtype != src.dtype and not _reinterpretable(func, src.dtype, m.dtype) for m in metas):
+        return False
+    nbytes = src._lt_desc.storage_numel * src.dtype.itemsize
+    descs = tuple(describe(m.shape, m.stride(), m.storage_offset(), nbytes // m.dtype.itemsize, m.dtype) for m in metas)
+    if isinstance(meta_out, torch.Tensor):
+        return descs, None
+    return descs, tuple if isinstance(meta_out, tuple) else list
+
+
+_NOT_REINTERPRETED = frozenset({torch.bool, torch.complex32})
+# Views that reinterpret their input's bytes; others whose schema may alias (``to.dtype``)
+# convert when the dtype changes.
+_REINTERPRETING = frozenset({aten.view.dtype, aten.view_as_real.default, aten.view_as_complex.default})
+
+
+def _reinterpretable(func, src: torch.dtype, dst: torch.dtype) -> bool:
+    """A dtype-changing view is a window on its base's storage (Note [Dtype views]),
+    except for bool and complex32 (stored as complex64): those are computed as values."""
+    return func in _REINTERPRETING and src not in _NOT_REINTERPRETED and dst not in _NOT_REINTERPRETED
+
+
+def run_inplace_view(func, args, kwargs):
+    self = args[0]
+    template, values = flatten(args, kwargs, _pick)
+    meta = infer_meta(func, template, values)
+    rebind_metadata(self, view_of(self, meta.shape, meta.stride(), meta.storage_offset()))
+    return self
+
+
+def resize_to(dst: LazyTensor, shape, *, warn: bool = True) -> None:
+    """Give ``dst`` a new shape as torch's ``resize_output`` does for ``out=``: ``resize_``
+    (a contiguous window at the same offset of the same storage), with its warning."""
+    shape = tuple(shape)
+    if tuple(dst.shape) == shape:
+        return
+    if warn and dst.numel() != 0:
+        warnings.warn(
+            f"An output with one or more elements was resized since it had shape {list(dst.shape)}, "
+            f"which does not match the required output shape {list(shape)}. This behavior is deprecated, "
+            "and in a future PyTorch release outputs will not be resized unless they have zero elements. "
+            "You can explicitly reuse an out tensor t by resizing it, inplace, to zero elements with "
+            "t.resize_(0).",
+            UserWarning,
+            stacklevel=4,
+        )
+    _HANDLERS[aten.resize_.default](aten.resize_.default, (dst, list(shape)), {})
