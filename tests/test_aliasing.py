@@ -123,6 +123,30 @@ def _out_variants(d):
     return [out, view_out]
 
 
+def _resize_growth_is_shared(d):
+    # a resize_ that grows reallocates the storage in place: views of the old one still share it
+    a = torch.zeros(4).to(d)
+    v, s, det = a.view(4), a[:2], a.detach()
+    a.resize_(8)
+    a[4:] = 5
+    a[0] = 1
+    v[1], s[1], det[3] = 2, 3, 7
+    b = torch.zeros(2, 3).to(d)
+    t = b.t()
+    b.resize_(10)
+    b[6:] = 4
+    t[0, 1] = 9
+    c = torch.zeros(4).to(d)
+    w = c[1:3]
+    w.resize_(6)  # a view grows its base's storage
+    w.fill_(2)
+    z = torch.zeros(2, dtype=torch.complex64).to(d)
+    f = torch.view_as_real(z).view(-1)
+    f.resize_(7)  # a float window on a complex storage: grows to 4 complex numbers
+    f.fill_(3)
+    return [a, v, s, det, b, t, c, w, c.view(2, 2), z, f, torch.view_as_real(z)]
+
+
 CASES = [
     _views_then_base_write,
     _write_through_slice,
@@ -136,6 +160,7 @@ CASES = [
     _copy_into_view_with_cast,
     _as_strided_write,
     _out_variants,
+    _resize_growth_is_shared,
 ]
 
 
