@@ -20,11 +20,12 @@ from lazytpu.aliasing import (
     view_of,
     write,
 )
-from lazytpu.dispatch import handles, record
+from lazytpu.dispatch import _check_with_meta, handles, record
 from lazytpu.engine import context
 from lazytpu.ir import Data, Failed, Output
 from lazytpu.lowering import get_rule
 from lazytpu.tensor import LazyTensor
+from lazytpu.views import check_in_bounds
 
 aten = torch.ops.aten
 
@@ -120,6 +121,30 @@ def resize(func, args, kwargs):
 @handles(aten.resize_as_.default)
 def resize_as_(func, args, kwargs):
     return resize_(aten.resize_.default, (args[0], list(args[1].shape)), {})
+
+
+@handles(aten.as_strided_scatter.default)
+def as_strided_scatter(func, args, kwargs):
+    """torch's: a clone of ``self``'s whole storage, with ``self``'s size,
+    strides and offset (``clone_preserve_strides``), and ``src`` written through
+    the ``as_strided`` window on that storage. The rule reads the window against
+    a contiguous ``self``: the same only for a tensor that is its whole storage."""
+    call = dict(zip(("self", "src", "size", "stride", "storage_offset"), args), **kwargs)
+    x, src, offset = call["self"], call["src"], call.get("storage_offset")
+    if type(x) is not LazyTensor:
+        return record(func, args, kwargs, get_rule(func))
+    if torch._debug_has_internal_overlap(x) == 1:  # torch clones such a tensor contiguous
+        x = aten.clone.default(x, memory_format=torch.contiguous_format)
+    offset = x.storage_offset() if offset is None else offset
+    n = x._lt_desc.storage_numel
+    check_in_bounds(call["size"], call["stride"], offset, x.dtype.itemsize, n * x.dtype.itemsize)
+    if x._lt_window is None and x.is_contiguous():
+        return record(func, (x, *args[1:]), kwargs, get_rule(func))
+    _check_with_meta(func, args, kwargs)  # torch's error on src's size
+    whole = aten.clone.default(view_of(x, (n,), (1,), 0))
+    out = view_of(whole, x.shape, x.stride(), x.storage_offset())
+    view_of(whole, call["size"], call["stride"], offset).copy_(src)
+    return out
 
 
 @handles(aten.equal.default)

@@ -8,7 +8,7 @@ import warnings
 import torch
 
 from lazytpu import _caches
-from lazytpu.aliasing import rebind_metadata, view_of
+from lazytpu.aliasing import rebind_metadata, view_dtype, view_of
 
 # dispatch imports this module after defining these (as it does foreach and handlers)
 from lazytpu.dispatch import _HANDLERS, _pick, _signature, infer_meta
@@ -65,10 +65,28 @@ def _make_view_plan(func, args, kwargs, src):
     if any(m.dtype != src.dtype and not _reinterpretable(func, src.dtype, m.dtype) for m in metas):
         return False
     nbytes = src._lt_desc.storage_numel * src.dtype.itemsize
+    # bounds against the storage itself: a grown one (Note [Storage growth]) outsizes its older views' descs
+    storage = src._lt_storage
+    held = storage.numel * (src.dtype.itemsize if view_dtype(src) is None else storage.value.aval.dtype.itemsize)
+    for m in metas:
+        check_in_bounds(m.shape, m.stride(), m.storage_offset(), m.dtype.itemsize, max(nbytes, held))
     descs = tuple(describe(m.shape, m.stride(), m.storage_offset(), nbytes // m.dtype.itemsize, m.dtype) for m in metas)
     if isinstance(meta_out, torch.Tensor):
         return descs, None
     return descs, tuple if isinstance(meta_out, tuple) else list
+
+
+def check_in_bounds(size, stride, offset: int, itemsize: int, nbytes: int) -> None:
+    """torch's error for a window past the end of its storage (``as_strided``;
+    meta storages have no size, so their kernels never raise it)."""
+    if 0 in size:
+        return
+    need = (offset + 1 + sum((n - 1) * s for n, s in zip(size, stride))) * itemsize
+    if need > nbytes:
+        raise RuntimeError(
+            f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and itemsize "
+            f"{itemsize} requiring a storage size of {need} are out of bounds for storage of size {nbytes}"
+        )
 
 
 _NOT_REINTERPRETED = frozenset({torch.bool, torch.complex32})

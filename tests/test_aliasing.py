@@ -147,6 +147,17 @@ def _resize_growth_is_shared(d):
     return [a, v, s, det, b, t, c, w, c.view(2, 2), z, f, torch.view_as_real(z)]
 
 
+def _as_strided_on_a_grown_storage(d):
+    # a slice taken before its storage grew reaches the grown part through as_strided
+    a = torch.zeros(4).to(d)
+    s = a[:2]
+    a.resize_(8)
+    a[4:] = 3
+    w = s.as_strided((8,), (1,))
+    w[7] = 9
+    return [a, s, w]
+
+
 CASES = [
     _views_then_base_write,
     _write_through_slice,
@@ -161,6 +172,7 @@ CASES = [
     _as_strided_write,
     _out_variants,
     _resize_growth_is_shared,
+    _as_strided_on_a_grown_storage,
 ]
 
 
@@ -215,3 +227,37 @@ def test_gradient_through_view_writes():
 
     for x, y in zip(run("tpu"), run("cpu")):
         torch.testing.assert_close(x.cpu(), y)
+
+
+def _as_strided_scatter_bases(d):
+    x = torch.arange(12.0).reshape(3, 4).to(d)
+    return [x, x.t(), x[1:, 1:], x[:, ::2], torch.arange(3.0).to(d).expand(2, 3)]
+
+
+@pytest.mark.parametrize("base", range(5), ids=["contiguous", "transposed", "sliced", "strided", "expanded"])
+@pytest.mark.parametrize("window", [((2, 2), (1, 3), 1), ((2, 2), (4, 1), None), ((2, 2), (1, 1), 0)])
+def test_as_strided_scatter_keeps_the_input_layout(base, window):
+    """torch clones the input's whole storage keeping its strides and offset, then
+    writes ``src`` through the ``as_strided`` window on that storage."""
+    results = []
+    for d in ("cpu", "tpu"):
+        x, src = _as_strided_scatter_bases(d)[base], torch.full((2, 2), -1.0).to(d)
+        out = torch.as_strided_scatter(x, src, *window)
+        results.append((out.cpu(), out.stride(), out.storage_offset()))
+    (expected, *layout), (actual, *tpu_layout) = results
+    assert tpu_layout == layout
+    torch.testing.assert_close(actual, expected)
+
+
+@pytest.mark.parametrize("window", [((2, 3), (1, 3), 0), ((2, 2), (1, 3), 20)], ids=["src_size", "bounds"])
+@pytest.mark.parametrize("base", [0, 1], ids=["contiguous", "transposed"])
+def test_as_strided_scatter_errors_match_cpu(window, base):
+    messages = []
+    for d in ("cpu", "tpu"):
+        x, src = _as_strided_scatter_bases(d)[base], torch.ones(2, 2).to(d)
+        with pytest.raises(RuntimeError) as info:
+            torch.as_strided_scatter(x, src, *window)
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
+    with pytest.raises(RuntimeError, match="out of bounds for storage of size 48"):
+        torch.zeros(12, device="tpu").as_strided((2, 2), (1, 3), 20)
