@@ -6,7 +6,8 @@ whose output shapes do not depend on data (histograms with a given bin
 count or given edges). Without one, the dispatcher could not record them
 (``MetaUnavailable``: CPU fallback). A function here takes the op's
 arguments as meta tensors and returns its outputs as meta tensors; it is
-used only when torch's meta kernel is missing, never instead of one.
+used only when torch's meta kernel is missing (or refuses what the CPU
+kernel accepts), never instead of one that works.
 """
 
 from __future__ import annotations
@@ -67,6 +68,13 @@ def _lstsq(a, b, rcond=None, *, driver=None):
 
 
 SHAPES = {
+    # the meta kernels of ``<<`` and ``>>`` refuse bool operands, which CPU promotes
+    # (``bool << 1`` is int64) as ``bitwise_*_shift``'s meta kernels do; for a bool or
+    # floating result, the kernel check raises CPU's error (Note [Kernel checks])
+    aten.__lshift__.Scalar: aten.bitwise_left_shift.Tensor_Scalar,
+    aten.__lshift__.Tensor: aten.bitwise_left_shift.Tensor,
+    aten.__rshift__.Scalar: aten.bitwise_right_shift.Tensor_Scalar,
+    aten.__rshift__.Tensor: aten.bitwise_right_shift.Tensor,
     aten.linalg_lstsq.default: _lstsq,
     aten._ctc_loss_backward.default: _like_input,
     aten.geqrf.default: _geqrf,

@@ -196,3 +196,49 @@ def test_a_signatures_first_call_keeps_no_tensor_alive():
         assert not bool(flag)
     finally:
         gc.enable()
+
+
+SHIFTS = {
+    "lshift": lambda x, y: x << y,
+    "rshift": lambda x, y: x >> y,
+    "ilshift": lambda x, y: x.clone().__ilshift__(y),
+    "bitwise_left_shift": torch.bitwise_left_shift,
+    "bitwise_right_shift_": lambda x, y: x.clone().bitwise_right_shift_(y),
+}
+SHIFT_OPERANDS = {
+    "bool": lambda d: torch.tensor([True, False], device=d),
+    "bool_0d": lambda d: torch.tensor(True, device=d),
+    "uint8": lambda d: torch.tensor([3, 200], dtype=torch.uint8, device=d),
+    "int64": lambda d: torch.tensor([1, 2], device=d),
+    "float": lambda d: torch.tensor([1.0, 2.0], device=d),
+}
+SHIFT_NUMBERS = {"0": 0, "1": 1, "True": True, "1.5": 1.5}
+
+
+def _shift_pairs():
+    """(op, left, right): bool tensors against tensors and Python numbers on either side."""
+    for op in SHIFTS:
+        for other in (*SHIFT_OPERANDS, *SHIFT_NUMBERS):
+            yield op, "bool", other
+            if op in ("lshift", "rshift", "bitwise_left_shift"):
+                yield op, other, "bool"
+
+
+@pytest.mark.parametrize(("op", "left", "right"), list(_shift_pairs()))
+def test_shift_with_bool_as_cpu_torch(op, left, right):
+    """``<<``/``>>`` promote a bool operand as CPU does (``bool << 0`` is int64)
+    on the device, and raise CPU's error where CPU does (a bool result)."""
+
+    def operand(name, device):
+        return SHIFT_OPERANDS[name](device) if name in SHIFT_OPERANDS else SHIFT_NUMBERS[name]
+
+    fn = SHIFTS[op]
+    expected = _outcome(lambda: fn(operand(left, "cpu"), operand(right, "cpu")))
+    before = dict(lazytpu.metrics.snapshot()["cpu_fallbacks"])
+    got = _outcome(lambda: fn(operand(left, "tpu"), operand(right, "tpu")))
+    assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == before
+    if isinstance(expected, tuple):
+        assert got == expected
+        return
+    assert isinstance(got, torch.Tensor), got
+    assert got.dtype == expected.dtype and torch.equal(got.cpu(), expected)
