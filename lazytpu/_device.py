@@ -41,16 +41,24 @@ class _DeviceGuard(torch._C._acc.DeviceGuard):
         return _PRIVATEUSE1  # called twice per op: no attribute chain
 
 
+# Note [Uninitialized factories]: torch makes a tensor on ``tpu`` from a host
+# one (``x.to("tpu")``, ``torch.tensor(data, device="tpu")``) as ``empty``
+# then ``copy_``, which re-binds the storage to the host data. The ``empty``
+# node is recorded but, even in strict mode, not run at once: its value is
+# unspecified, so it runs only if something reads it before it is overwritten
+# (the next flush), and a copy from the host runs no program.
 def _empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     kwargs = {"dtype": dtype or torch.get_default_dtype(), "device": device}
     if memory_format is not None:
         kwargs["memory_format"] = memory_format
-    return record(aten.empty.memory_format, (list(size),), kwargs, get_rule(aten.empty.memory_format))
+    func = aten.empty.memory_format
+    return record(func, (list(size),), kwargs, get_rule(func), flush=False)  # Note [Uninitialized factories]
 
 
 def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
     kwargs = {"dtype": dtype or torch.get_default_dtype(), "device": device}
-    return record(aten.empty_strided.default, (list(size), list(stride)), kwargs, get_rule(aten.empty_strided.default))
+    func = aten.empty_strided.default
+    return record(func, (list(size), list(stride)), kwargs, get_rule(func), flush=False)
 
 
 def _after_optimizer_step(optimizer, args, kwargs) -> None:

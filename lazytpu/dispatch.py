@@ -338,12 +338,14 @@ def _signature(func, args, kwargs) -> tuple[tuple, list]:
     return tuple(parts), values
 
 
-def record(func, args, kwargs, rule, into: LazyTensor | None = None):
+def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: bool = True):
     """Record ``func`` as one node; return LazyTensors of its pending outputs.
 
     With ``into`` (the target of an in-place op, a tensor owning its storage
     with exactly the layout of ``func``'s single output), the storage of
     ``into`` is re-bound to the output instead, and ``into`` is returned.
+    ``flush=False``: strict mode does not run the node now (Note [Uninitialized
+    factories] in _device).
     """
     key, values = _signature(func, args, kwargs)
     plan = _PLANS.get(key)
@@ -375,7 +377,7 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None):
             return into
         graph = ctx.graph  # new_tensor_of, inlined: this is the per-op path
         outs = [LazyTensor(Storage(Output(node, i), graph, d.stride), d, index, True) for i, d in enumerate(plan.descs)]
-        ctx.recorded(node)
+        ctx.recorded(node, flush)
     return plan.pack(outs)
 
 

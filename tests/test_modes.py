@@ -119,3 +119,31 @@ def test_set_eager_mode_as_a_plain_call_switches():
     finally:
         torch.tpu.set_eager_mode("defer")
     assert torch.tpu.eager_mode is EagerMode.DEFER_AND_FUSE
+
+
+HOST_COPIES = {
+    "to": lambda x, d: x.to(d),
+    "to_transposed": lambda x, d: x.t().to(d),
+    "tensor": lambda x, d: torch.tensor(x.tolist(), device=d),
+    "copy_into_empty": lambda x, d: torch.empty(x.shape, device=d).copy_(x),
+}
+
+
+@pytest.mark.parametrize("copy", sorted(HOST_COPIES))
+@pytest.mark.parametrize("mode", ["defer", "strict"])
+def test_copy_from_host_runs_no_program(copy, mode):
+    """Note [Uninitialized factories]: torch's ``empty`` then ``copy_`` of a host
+    tensor runs no program (strict mode ran the ``empty``), and the value is the host's."""
+    x = torch.randn(3, 4)
+    expected = HOST_COPIES[copy](x, "cpu")
+    with torch.tpu.set_eager_mode(mode):
+        out = []
+        assert programs_run(lambda: out.append(HOST_COPIES[copy](x, "tpu"))) == 0
+        assert out[0].stride() == expected.stride()
+        torch.testing.assert_close(out[0].cpu(), expected)
+
+
+def test_strict_empty_runs_when_read():
+    with torch.tpu.set_eager_mode("strict"):
+        assert torch.empty(2, 3, device="tpu").cpu().shape == (2, 3)
+        assert programs_run(lambda: torch.empty(5, device="tpu").fill_(2.0)) == 1
