@@ -21,7 +21,7 @@ demo: $(STAMP)
 
 # The default run includes a fixed slice of the OpInfo sweep (tests/test_opinfo.py).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --timeout=900 tests
+	$(BIN)/python -m pytest -q --timeout=900 --durations=15 tests
 
 # The full OpInfo sweep: every op_db entry in every supported dtype, gradients, a strict-mode sample
 # (not run by CI: .ci/run runs `make test`).
