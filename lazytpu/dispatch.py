@@ -387,11 +387,11 @@ def _make_plan(func, args, kwargs, rule, values) -> _Plan:
     if rule.random:
         _check_generator(kwargs)
     meta_out = infer_meta(func, template, flat_values)
+    _check_kernel_dtypes(func, template, flat_values)
     if rule.random:
         plan = _Plan(func, template, meta_out, rule, _kwarg_device_index(kwargs))
         plan.scalar_check = scalars.random_check(func, template)
         return plan
-    _check_kernel_dtypes(func, template, flat_values)
     scalars.check_at_plan(func, args, kwargs, template, flat_values, meta_out)
     plan = _Plan(func, template, meta_out, rule, _kwarg_device_index(kwargs))
     plan.scalar_check = scalars.per_call_check(func, kwargs, template, flat_values, meta_out)
@@ -533,13 +533,24 @@ def _resolves(func) -> bool:
     return get_rule(func) is not None or func in _DECOMPOSITIONS or func._can_decompose()
 
 
+_DECOMPOSED_CHECKED: set = set()
+_caches.register("decomposed_checked", _DECOMPOSED_CHECKED.clear)
+
+
 def _check_with_meta(func, args, kwargs) -> None:
+    """torch's errors for a call about to be decomposed: the meta kernel's,
+    and the CPU kernel's (Note [Kernel checks]); once per call signature."""
     args, kwargs = _lift(func, args, kwargs)
     template, values = flatten(args, kwargs, _pick)
+    key = (func, template, tuple(_describe(v) for v in values))
+    if key in _DECOMPOSED_CHECKED:
+        return
     try:
         infer_meta(func, template, values)
     except MetaUnavailable:
         pass
+    _check_kernel_dtypes(func, template, values)
+    _DECOMPOSED_CHECKED.add(key)
 
 
 def failed_outputs(func, args, kwargs, error: Exception):

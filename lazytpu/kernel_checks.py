@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import torch
@@ -14,14 +15,60 @@ from lazytpu.ir import Scalar
 _KERNEL_ERRORS = re.compile(
     r"not (yet )?implemented for|same dtype|expected scalar type|Dimension out of range|destination dtypes match"
     r"|not supported for complex|p has to be greater than or equal to 1|alpha must not be a floating point"
-    r"|only support floating point|Expected a floating point|handle types other than"
+    r"|only support floating point|Expected a floating point|handle types other than|only supports floating-point"
+    r"|does not support bool|Boolean inputs not supported|may not be a boolean tensor"
+    r"|with a bool tensor is not supported|Expected both inputs to be Half, Float or Double"
+    r"|can't be cast to the desired output type"
+    r"|Integer division with addcdiv|doesn't support tensors of type"
 )
 
 
 # Op families whose CPU kernels check what meta kernels skip, and that are
-# safe to call on zero-size inputs.
+# safe to call on one-element and zero-size inputs (``_CHECKED``).
 _KERNEL_CHECKED = frozenset(
     {
+        "_softmax",
+        "_log_softmax",
+        "_softmax_backward_data",
+        "round",
+        "cholesky",
+        "_linalg_eigh",
+        "linalg_lu_factor_ex",
+        "linalg_lu",
+        "abs",
+        "ceil",
+        "floor",
+        "trunc",
+        "pow",
+        "remainder",
+        "fmod",
+        "div",
+        "relu",
+        "hardswish",
+        "hardsigmoid",
+        "log_sigmoid_forward",
+        "smooth_l1_loss",
+        "multi_margin_loss",
+        "median",
+        "nanmedian",
+        "trace",
+        "addbmm",
+        "bucketize",
+        "index_reduce",
+        "scatter_reduce",
+        "complex",
+        "polar",
+        "_cdist_forward",
+        "_trilinear",
+        "_fft_r2c",
+        "histogram",
+        "_histogramdd_bin_edges",
+        "_histogramdd_from_bin_cts",
+        # random ops: their draws on the stand-ins leave the CPU generator as it was
+        "uniform",
+        "bernoulli",
+        "multinomial",
+        "rrelu_with_noise_functional",
         "bitwise_and",
         "bitwise_or",
         "bitwise_xor",
@@ -83,6 +130,13 @@ _KERNEL_CHECKED = frozenset(
         "linalg_householder_product",
         "geqrf",
         "ormqr",
+        "linalg_qr",
+        "_linalg_svd",
+        "linalg_eig",
+        "linalg_ldl_factor_ex",
+        "linalg_ldl_solve",
+        "linalg_lu_solve",
+        "_linalg_solve_ex",
         # pointwise special functions (lowering/special.py, pointwise_ext.py): dtypes the CPU kernels lack
         "frac",
         "mish",
@@ -123,37 +177,152 @@ _KERNEL_CHECKED = frozenset(
 )
 
 
-# Families whose CPU kernels return before checking the dtype when the input
-# is empty: their check runs on one-element inputs of ones instead.
-_KERNEL_CHECKED_ON_ONES = frozenset(
-    {"_softmax", "_log_softmax", "round", "cholesky", "_linalg_eigh", "linalg_lu_factor_ex", "linalg_lu"}
+# Families whose CPU kernels check sizes before the dtype (a pooling window
+# larger than the input, a grid of the wrong shape, channels of a
+# convolution) or skip the dtype check on an empty batch: their check runs on
+# shaped stand-ins (``_SHAPED``).
+_KERNEL_CHECKED_ON_SHAPES = frozenset(
+    {
+        "max_pool2d_with_indices",
+        "max_pool3d_with_indices",
+        "max_pool2d_with_indices_backward",
+        "max_pool3d_with_indices_backward",
+        "avg_pool2d",
+        "avg_pool3d",
+        "avg_pool2d_backward",
+        "avg_pool3d_backward",
+        "_adaptive_avg_pool2d",
+        "_adaptive_avg_pool3d",
+        "_adaptive_avg_pool2d_backward",
+        "_adaptive_avg_pool3d_backward",
+        "adaptive_max_pool2d",
+        "adaptive_max_pool3d",
+        "adaptive_max_pool2d_backward",
+        "adaptive_max_pool3d_backward",
+        "fractional_max_pool2d",
+        "fractional_max_pool3d",
+        "upsample_nearest1d",
+        "upsample_nearest2d",
+        "upsample_nearest3d",
+        "_upsample_nearest_exact1d",
+        "_upsample_nearest_exact2d",
+        "_upsample_nearest_exact3d",
+        "upsample_linear1d",
+        "upsample_bilinear2d",
+        "upsample_bicubic2d",
+        "upsample_trilinear3d",
+        "_upsample_bilinear2d_aa",
+        "_upsample_bicubic2d_aa",
+        "convolution",
+        "grid_sampler_2d",
+        "grid_sampler_3d",
+        "max_unpool2d",
+        "max_unpool3d",
+        "im2col",
+        "col2im",
+        "reflection_pad1d",
+        "reflection_pad2d",
+        "reflection_pad3d",
+        "replication_pad1d",
+        "replication_pad2d",
+        "replication_pad3d",
+        "multilabel_margin_loss_forward",
+        "topk",
+        "kthvalue",
+        "linalg_cross",
+    }
 )
+
+# The most elements a shaped stand-in may have (a larger call goes unchecked).
+_SHAPED_LIMIT = 1 << 20
+
+
+# Stand-ins: a function of the real tensors' shapes giving theirs, and the
+# value of integer stand-ins (floating ones are ones: a probability, a
+# matrix to factor; integer ones index: a class, a pooling index, a pivot).
+
+
+def _empty(shapes):
+    return [(0,) * len(s) for s in shapes]
+
+
+def _as_they_are(shapes):
+    return shapes
+
+
+def _ones(shapes):
+    return [(1,) * len(s) for s in shapes]
+
+
+def _batch(size: int, first_only: bool = False):
+    """The real shapes with a leading dimension of ``size``, in every tensor
+    or in the first one only (a convolution's input, not its weight)."""
+
+    def make(shapes):
+        return [(size, *s[1:]) if s and not (first_only and i) else s for i, s in enumerate(shapes)]
+
+    return make
+
+
+# Tried in order until one decides (raises a kernel error, or passes with
+# elements; an empty call decides only by raising, as some kernels return
+# early on empty inputs): one element (0 indexes, 1 is a 1-based pivot),
+# then no elements.
+_CHECKED = ((_ones, 0), (_ones, 1), (_empty, 0))
+
+# The same for kernels that check sizes first: every dimension 1 (windows of
+# one, upsampling, adaptive pools); an empty batch (a window needs the real
+# spatial sizes); one sample; one sample beside the other tensors as they are
+# (a convolution's weight).
+_SHAPED = ((_ones, 0), (_batch(0), 0), (_batch(1), 0), (_batch(1, first_only=True), 0))
+
+
+def _stand_in(shape, dtype, index):
+    if dtype.is_floating_point or dtype.is_complex:
+        return torch.ones(shape, dtype=dtype)
+    return torch.full(shape, index, dtype=dtype)
 
 
 def _check_kernel_dtypes(func, template, values) -> None:
     """Note [Kernel checks]: meta kernels skip some checks real kernels make
     (dtype support, mixed dtypes in mm, dim wrapping in softmax). Once per call
-    signature, the op runs on CPU with every dimension 0 (no work); if that
-    raises one of those size-independent errors, raise it now, as the
-    backend's (``"bitwise_and_tpu" not implemented for 'Float'``). Kernels
-    that return before their dtype check on empty inputs (softmax, eigh)
-    run on one-element inputs of ones instead. ``make dtype-sweep`` lists
-    the ops still missing (``tests/dtype_sweep.py``)."""
+    signature (plan time; a decomposed op at ``dispatch._check_with_meta``),
+    the op runs on CPU on stand-ins: small tensors of the same dtypes and
+    ranks, of ones or zeros, never the real data (the check reads nothing
+    pending, and costs nothing per call). If that raises one of those
+    size-independent errors, it is raised now, as the backend's
+    (``"bitwise_and_tpu" not implemented for 'Float'``). The stand-ins are
+    tried in order until one decides: one element per tensor, then no
+    elements (``_CHECKED``); kernels that check sizes before the dtype
+    (pooling, upsampling, convolution, grid_sample) get real shapes with a
+    batch of 0 or 1 after one element fails their size checks (``_SHAPED``).
+    Random ops draw on their stand-ins: the CPU generator's state is restored
+    after. ``make dtype-sweep`` lists the ops still missing
+    (``tests/dtype_sweep.py``): 389 cases before the shaped stand-ins, 8 after."""
 
     family = func._schema.name.split("::")[-1]
-    ones = family in _KERNEL_CHECKED_ON_ONES
-    if family not in _KERNEL_CHECKED and not ones:
+    if family in _KERNEL_CHECKED:
+        stand_ins = _CHECKED
+    elif family in _KERNEL_CHECKED_ON_SHAPES:
+        stand_ins = _SHAPED
+    else:
         return  # some CPU kernels crash (SIGFPE) on zero-size inputs: only known-safe families run
     tensors = [v for v in values if type(v) is not Scalar]
     if not tensors:
         return
-    exact = all(v.numel() == 0 for v in tensors)  # empty inputs: the real call costs nothing
-
-    def empty(v):
-        if ones and not exact:
-            return torch.ones((1,) * len(v.shape), dtype=v.dtype)
-        return torch.empty(tuple(v.shape) if exact else (0,) * len(v.shape), dtype=v.dtype)
-
-    error = scalars.cpu_error(func, template, values, empty)
-    if error is not None and (exact or _KERNEL_ERRORS.search(error[1])):
-        raise error[0](error[1].replace("_cpu", "_tpu")) from None
+    exact = all(v.numel() == 0 for v in tensors)  # empty inputs: the real call costs nothing, and decides
+    if exact:
+        stand_ins = ((_as_they_are, 0),)
+    shapes = [tuple(v.shape) for v in tensors]
+    for make, index in stand_ins:
+        made = make(shapes)
+        count = sum(math.prod(s) for s in made)
+        if count > _SHAPED_LIMIT:
+            continue
+        by_id = {id(v): _stand_in(s, v.dtype, index) for v, s in zip(tensors, made, strict=True)}
+        with torch.random.fork_rng(devices=[]):
+            error = scalars.cpu_error(func, template, values, lambda v: by_id[id(v)])  # noqa: B023
+        if error is not None and (exact or _KERNEL_ERRORS.search(error[1])):
+            raise error[0](error[1].replace("_cpu", "_tpu")) from None
+        if error is None and count:
+            return  # a call with elements that the kernel accepts: the dtypes pass

@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 
 def _t(*shape, dtype=torch.float32):
@@ -99,6 +100,80 @@ CASES = {
     ),
     "geqrf_int": lambda d: torch.geqrf(_t(2, 2, dtype=torch.int32).to(d)),
     "lstsq_int": lambda d: torch.linalg.lstsq(_t(2, 2, dtype=torch.int32).to(d), _t(2, 1, dtype=torch.int32).to(d)),
+    # kernels that check sizes first, checked on shaped stand-ins (_SHAPED in kernel_checks.py)
+    "max_pool2d_bool": lambda d: F.max_pool2d(_t(1, 2, 5, 5, dtype=torch.bool).to(d), 3),
+    "max_pool3d_bool_unbatched": lambda d: F.max_pool3d(_t(2, 4, 4, 4, dtype=torch.bool).to(d), 2),
+    "max_pool2d_backward_bool": lambda d: torch.ops.aten.max_pool2d_with_indices_backward(
+        _t(1, 1, 2, 2, dtype=torch.bool).to(d),
+        _t(1, 1, 4, 4, dtype=torch.bool).to(d),
+        [2, 2],
+        [2, 2],
+        [0, 0],
+        [1, 1],
+        False,
+        torch.zeros(1, 1, 2, 2, dtype=torch.int64).to(d),
+    ),
+    "avg_pool2d_int": lambda d: F.avg_pool2d(_t(2, 3, 6, 6, dtype=torch.int32).to(d), 3, stride=2),
+    "avg_pool3d_half": lambda d: F.avg_pool3d(_t(1, 1, 4, 4, 4, dtype=torch.float16).to(d), 2),
+    "adaptive_avg_pool2d_int": lambda d: F.adaptive_avg_pool2d(_t(2, 3, 5, 5, dtype=torch.int64).to(d), 2),
+    "adaptive_max_pool1d_uint8": lambda d: F.adaptive_max_pool1d(_t(2, 3, 5, dtype=torch.uint8).to(d), 2),
+    "fractional_max_pool2d_int": lambda d: F.fractional_max_pool2d(
+        _t(1, 1, 6, 6, dtype=torch.int32).to(d), 2, output_size=3, _random_samples=torch.full((1, 1, 2), 0.5).to(d)
+    ),
+    "interpolate_bilinear_int": lambda d: F.interpolate(
+        _t(1, 2, 3, 3, dtype=torch.int32).to(d), scale_factor=2, mode="bilinear"
+    ),
+    "interpolate_nearest_bool": lambda d: F.interpolate(_t(1, 2, 3, dtype=torch.bool).to(d), size=7),
+    "interpolate_bicubic_int": lambda d: F.interpolate(
+        _t(1, 1, 3, 3, dtype=torch.int64).to(d), size=(5, 4), mode="bicubic"
+    ),
+    "interpolate_trilinear_uint8": lambda d: F.interpolate(
+        _t(1, 1, 2, 2, 2, dtype=torch.uint8).to(d), scale_factor=2, mode="trilinear"
+    ),
+    "interpolate_area_int": lambda d: F.interpolate(_t(1, 2, 6, 6, dtype=torch.int32).to(d), size=3, mode="area"),
+    "conv_transpose2d_int": lambda d: F.conv_transpose2d(
+        _t(2, 4, 3, 3, dtype=torch.int32).to(d), _t(4, 3, 3, 3, dtype=torch.int32).to(d), stride=2, padding=1
+    ),
+    "conv_transpose1d_grouped_uint8": lambda d: F.conv_transpose1d(
+        _t(1, 4, 5, dtype=torch.uint8).to(d), _t(4, 1, 3, dtype=torch.uint8).to(d), groups=2
+    ),
+    "conv2d_bool": lambda d: F.conv2d(_t(1, 2, 5, 5, dtype=torch.bool).to(d), _t(3, 2, 3, 3, dtype=torch.bool).to(d)),
+    "grid_sample_int": lambda d: F.grid_sample(
+        _t(1, 2, 4, 4, dtype=torch.int64).to(d), torch.zeros(1, 3, 3, 2, dtype=torch.int64).to(d), align_corners=False
+    ),
+    "max_unpool2d_bool": lambda d: F.max_unpool2d(
+        _t(1, 1, 2, 2, dtype=torch.bool).to(d), torch.tensor([[[[0, 3], [8, 15]]]]).to(d), 2
+    ),
+    "unfold_int": lambda d: F.unfold(_t(1, 2, 4, 4, dtype=torch.int32).to(d), 2),
+    "reflection_pad_bool": lambda d: F.pad(_t(1, 2, 5, dtype=torch.bool).to(d), (2, 2), mode="reflect"),
+    "topk_bool": lambda d: _t(3, 4, dtype=torch.bool).to(d).topk(2),
+    "cross_bool": lambda d: torch.linalg.cross(_t(2, 3, dtype=torch.bool).to(d), _t(2, 3, dtype=torch.bool).to(d)),
+    # ops decomposed on tpu, checked before the decomposition (dispatch._check_with_meta)
+    "hardswish_int": lambda d: F.hardswish(_t(2, 3, dtype=torch.int64).to(d)),
+    "hardsigmoid_uint8": lambda d: F.hardsigmoid(_t(4, dtype=torch.uint8).to(d)),
+    "logsigmoid_int": lambda d: F.logsigmoid(_t(4, dtype=torch.int32).to(d)),
+    "smooth_l1_loss_int": lambda d: F.smooth_l1_loss(_t(4, dtype=torch.int32).to(d), _t(4, dtype=torch.int32).to(d)),
+    "multi_margin_loss_int": lambda d: F.multi_margin_loss(
+        _t(2, 3, dtype=torch.int64).to(d), torch.tensor([0, 2]).to(d)
+    ),
+    "tanhshrink_bool": lambda d: F.tanhshrink(_t(3, dtype=torch.bool).to(d)),
+    # kernels that return early on empty inputs, checked on one-element stand-ins
+    "mm_bool": lambda d: _t(2, 3, dtype=torch.bool).to(d) @ _t(3, 2, dtype=torch.bool).to(d),
+    "argmax_bool": lambda d: _t(2, 3, dtype=torch.bool).to(d).argmax(),
+    "relu_bool": lambda d: F.relu(_t(3, dtype=torch.bool).to(d)),
+    "median_bool": lambda d: _t(2, 3, dtype=torch.bool).to(d).median(),
+    "histogram_int": lambda d: torch.histogram(_t(5, dtype=torch.int32).to(d), bins=3),
+    "histogramdd_half": lambda d: torch.histogramdd(_t(4, 2, dtype=torch.float16).to(d), bins=[2, 2]),
+    "qr_half": lambda d: torch.linalg.qr(_t(3, 3, dtype=torch.float16).to(d)),
+    "svd_bfloat16": lambda d: torch.linalg.svd(_t(3, 2, dtype=torch.bfloat16).to(d)),
+    "eig_half": lambda d: torch.linalg.eig(_t(2, 2, dtype=torch.float16).to(d)),
+    "solve_half": lambda d: torch.linalg.solve(_t(2, 2, dtype=torch.float16).to(d), _t(2, dtype=torch.float16).to(d)),
+    "ldl_factor_half": lambda d: torch.linalg.ldl_factor(_t(3, 3, dtype=torch.float16).to(d)),
+    # random ops; their stand-ins' draws leave the CPU generator as it was
+    "bernoulli_int": lambda d: torch.bernoulli(_t(3, dtype=torch.int64).to(d)),
+    "multinomial_int": lambda d: torch.multinomial(_t(3, dtype=torch.int32).to(d) + 1, 2),
+    "uniform_int": lambda d: _t(3, dtype=torch.int64).to(d).uniform_(),
+    "rrelu_int": lambda d: F.rrelu(_t(3, dtype=torch.int32).to(d), training=True),
 }
 
 
@@ -128,3 +203,14 @@ def test_same_error_as_cpu(name):
 
 def test_table_size():
     assert len(CASES) >= 40
+
+
+def test_kernel_check_leaves_cpu_generator():
+    """A random op's kernel check draws on CPU stand-ins; the CPU generator
+    must not see it (Note [Kernel checks])."""
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    torch.bernoulli(torch.full((3, 5, 7), 0.5, device="tpu"))  # a new call signature: its plan checks the kernel
+    torch.rand(1, 2, 3, device="tpu").uniform_(0.25, 0.5)
+    assert torch.equal(torch.rand(3), expected)
