@@ -19,7 +19,7 @@ _KERNEL_ERRORS = re.compile(
     r"|does not support bool|Boolean inputs not supported|may not be a boolean tensor"
     r"|with a bool tensor is not supported|Expected both inputs to be Half, Float or Double"
     r"|can't be cast to the desired output type"
-    r"|Integer division with addcdiv|doesn't support tensors of type"
+    r"|Integer division with addcdiv|doesn't support tensors of type|(from|to - 1) is out of bounds for"
 )
 
 
@@ -60,15 +60,20 @@ _KERNEL_CHECKED = frozenset(
         "polar",
         "_cdist_forward",
         "_trilinear",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_fused_attention_overrideable",
         "_fft_r2c",
         "histogram",
         "_histogramdd_bin_edges",
         "_histogramdd_from_bin_cts",
+        "segment_reduce",
         # random ops: their draws on the stand-ins leave the CPU generator as it was
         "uniform",
         "bernoulli",
         "multinomial",
         "rrelu_with_noise_functional",
+        "randint_like",
+        "normal",
         "bitwise_and",
         "bitwise_or",
         "bitwise_xor",
@@ -176,6 +181,17 @@ _KERNEL_CHECKED = frozenset(
     }
 )
 
+
+def _attention_on_cpu(query, key, value, attn_bias=None, *args, scale=None, **kwargs):
+    return torch.ops.aten._scaled_dot_product_attention_math(query, key, value, attn_bias, scale=scale)
+
+
+# Ops tpu records that have no CPU kernel, checked with the kernel CPU torch
+# runs in their place (``scaled_dot_product_attention``'s math kernel).
+_CPU_KERNELS = {
+    "_scaled_dot_product_efficient_attention": _attention_on_cpu,
+    "_scaled_dot_product_fused_attention_overrideable": _attention_on_cpu,
+}
 
 # Families whose CPU kernels check sizes before the dtype (a pooling window
 # larger than the input, a grid of the wrong shape, channels of a
@@ -298,7 +314,8 @@ def _check_kernel_dtypes(func, template, values) -> None:
     batch of 0 or 1 after one element fails their size checks (``_SHAPED``).
     Random ops draw on their stand-ins: the CPU generator's state is restored
     after. ``make dtype-sweep`` lists the ops still missing
-    (``tests/dtype_sweep.py``): 389 cases before the shaped stand-ins, 8 after."""
+    (``tests/dtype_sweep.py``): 403 cases before the one-element and shaped
+    stand-ins, none after."""
 
     family = func._schema.name.split("::")[-1]
     if family in _KERNEL_CHECKED:
@@ -314,6 +331,7 @@ def _check_kernel_dtypes(func, template, values) -> None:
     if exact:
         stand_ins = ((_as_they_are, 0),)
     shapes = [tuple(v.shape) for v in tensors]
+    kernel = _CPU_KERNELS.get(family, func)
     for make, index in stand_ins:
         made = make(shapes)
         count = sum(math.prod(s) for s in made)
@@ -321,7 +339,7 @@ def _check_kernel_dtypes(func, template, values) -> None:
             continue
         by_id = {id(v): _stand_in(s, v.dtype, index) for v, s in zip(tensors, made, strict=True)}
         with torch.random.fork_rng(devices=[]):
-            error = scalars.cpu_error(func, template, values, lambda v: by_id[id(v)])  # noqa: B023
+            error = scalars.cpu_error(kernel, template, values, lambda v: by_id[id(v)])  # noqa: B023
         if error is not None and (exact or _KERNEL_ERRORS.search(error[1])):
             raise error[0](error[1].replace("_cpu", "_tpu")) from None
         if error is None and count:

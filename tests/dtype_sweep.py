@@ -37,6 +37,8 @@ def _map(x, fn):
         return fn(x)
     if isinstance(x, list | tuple):
         return type(x)(_map(a, fn) for a in x)
+    if isinstance(x, dict):
+        return {k: _map(a, fn) for k, a in x.items()}
     return x
 
 
@@ -69,8 +71,8 @@ def missing_errors():
             cpu = _error(lambda: op(inp, *args, **sample.kwargs))  # noqa: B023
             if cpu is None:
                 continue
-            on_tpu = _map(inp, lambda t: t.to("tpu")), _map(args, lambda t: t.to("tpu"))
-            if _error(lambda: op(on_tpu[0], *on_tpu[1], **sample.kwargs)) is None:  # noqa: B023
+            on_tpu = _map((inp, args, sample.kwargs), lambda t: t.to("tpu"))  # kwargs too: a weight, a mask
+            if _error(lambda: op(on_tpu[0], *on_tpu[1], **on_tpu[2])) is None:  # noqa: B023
                 yield op.name, op.variant_test_name, dtype, cpu
 
 

@@ -158,10 +158,17 @@ CASES = {
     ),
     "tanhshrink_bool": lambda d: F.tanhshrink(_t(3, dtype=torch.bool).to(d)),
     # kernels that return early on empty inputs, checked on one-element stand-ins
+    "attention_int": lambda d: F.scaled_dot_product_attention(*[_t(1, 2, 3, 4, dtype=torch.int32).to(d)] * 3),
+    "attention_dropout_int": lambda d: F.scaled_dot_product_attention(
+        *[_t(2, 3, 4, dtype=torch.int64).to(d)] * 3, dropout_p=0.5, is_causal=True
+    ),
     "mm_bool": lambda d: _t(2, 3, dtype=torch.bool).to(d) @ _t(3, 2, dtype=torch.bool).to(d),
     "argmax_bool": lambda d: _t(2, 3, dtype=torch.bool).to(d).argmax(),
     "relu_bool": lambda d: F.relu(_t(3, dtype=torch.bool).to(d)),
     "median_bool": lambda d: _t(2, 3, dtype=torch.bool).to(d).median(),
+    "segment_reduce_int": lambda d: torch.segment_reduce(
+        _t(4, dtype=torch.int64).to(d), "sum", lengths=torch.tensor([1, 3]).to(d)
+    ),
     "histogram_int": lambda d: torch.histogram(_t(5, dtype=torch.int32).to(d), bins=3),
     "histogramdd_half": lambda d: torch.histogramdd(_t(4, 2, dtype=torch.float16).to(d), bins=[2, 2]),
     "qr_half": lambda d: torch.linalg.qr(_t(3, 3, dtype=torch.float16).to(d)),
@@ -173,6 +180,8 @@ CASES = {
     "bernoulli_int": lambda d: torch.bernoulli(_t(3, dtype=torch.int64).to(d)),
     "multinomial_int": lambda d: torch.multinomial(_t(3, dtype=torch.int32).to(d) + 1, 2),
     "uniform_int": lambda d: _t(3, dtype=torch.int64).to(d).uniform_(),
+    "randint_like_bool_high": lambda d: torch.randint_like(_t(3, dtype=torch.bool).to(d), 10),
+    "normal_int_mean": lambda d: torch.normal(_t(3, dtype=torch.int32).to(d), _t(3).to(d)),
     "rrelu_int": lambda d: F.rrelu(_t(3, dtype=torch.int32).to(d), training=True),
 }
 
