@@ -8,7 +8,7 @@ import warnings
 import torch
 
 from lazytpu import _caches
-from lazytpu.aliasing import rebind_metadata, view_dtype, view_of
+from lazytpu.aliasing import rebind_metadata, view_of
 
 # dispatch imports this module after defining these (as it does foreach and handlers)
 from lazytpu.dispatch import _HANDLERS, _pick, _signature, infer_meta
@@ -65,9 +65,12 @@ def _make_view_plan(func, args, kwargs, src):
     if any(m.dtype != src.dtype and not _reinterpretable(func, src.dtype, m.dtype) for m in metas):
         return False
     nbytes = src._lt_desc.storage_numel * src.dtype.itemsize
-    # bounds against the storage itself: a grown one (Note [Storage growth]) outsizes its older views' descs
+    # bounds against the storage itself: a grown one (Note [Storage growth]) outsizes its older views'
+    # descs, and a base laid out with gaps (``empty_strided((2, 3), (7, 8))``) spans more than its numel
     storage = src._lt_storage
-    held = storage.numel * (src.dtype.itemsize if view_dtype(src) is None else storage.value.aval.dtype.itemsize)
+    shape = storage.value.aval.shape
+    extent = 1 + sum((n - 1) * s for n, s in zip(shape, storage.stride)) if all(shape) else 0
+    held = max(storage.numel, extent) * storage.value.aval.dtype.itemsize
     for m in metas:
         check_in_bounds(m.shape, m.stride(), m.storage_offset(), m.dtype.itemsize, max(nbytes, held))
     descs = tuple(describe(m.shape, m.stride(), m.storage_offset(), nbytes // m.dtype.itemsize, m.dtype) for m in metas)

@@ -261,3 +261,21 @@ def test_as_strided_scatter_errors_match_cpu(window, base):
     assert messages[0] == messages[1]
     with pytest.raises(RuntimeError, match="out of bounds for storage of size 48"):
         torch.zeros(12, device="tpu").as_strided((2, 2), (1, 3), 20)
+
+
+def test_views_of_a_base_laid_out_with_gaps():
+    """A base whose strides leave gaps (``empty_strided((2, 3), (7, 8))``: 6 elements over a
+    storage of 24) takes views and ``as_strided`` windows anywhere in that storage, as on CPU,
+    and raises CPU's error only past its end."""
+    for device in ("cpu", "tpu"):
+        x = torch.zeros(3, device=device).new_empty_strided((2, 3), (7, 8)).fill_(1.5)
+        assert x.t().stride() == (8, 7)
+        torch.testing.assert_close(x.t().cpu(), torch.full((3, 2), 1.5))
+        assert x.as_strided((2,), (1,), 22).shape == (2,)
+    messages = []
+    for device in ("cpu", "tpu"):
+        x = torch.empty_strided((2, 3), (7, 8), device=device)
+        with pytest.raises(RuntimeError) as info:
+            x.as_strided((2,), (1,), 23)
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
