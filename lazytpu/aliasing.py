@@ -126,35 +126,6 @@ def rebind_metadata(t: LazyTensor, fresh: LazyTensor) -> None:
     t._lt_cache = None
 
 
-def grow_storage(t: LazyTensor, numel: int) -> None:
-    """Grow ``t``'s storage in place to hold ``numel`` elements of ``t``'s dtype
-    (old contents first, zeros after), as torch's ``resize_`` does.
-
-    Note [Storage growth]: the storage is re-laid out flat (its physical
-    order, then the new elements), so every window on it stays valid; the
-    tensors that were its base layout (``Storage.add_base``) become windows
-    on it. Every tensor on the storage keeps seeing it, as in torch.
-    """
-    storage, index = t._lt_storage, t.device.index or 0
-    have, stored = storage.numel, storage.value.aval.dtype
-    reinterpreted = view_dtype(t) is not None  # Note [Dtype views]: sizes in units of the storage's dtype
-    need = -(-numel * t.dtype.itemsize // stored.itemsize) if reinterpreted else numel
-    if need > have:
-        if have:
-            flat = LazyTensor(storage, describe((have,), (1,), 0, have, stored), index)
-            grown = torch.ops.aten.constant_pad_nd.default(flat, [0, need - have])
-        else:
-            grown = torch.ops.aten.zeros.default([need], dtype=stored, device=t.device)
-        with context(index).graph.lock:
-            storage.stride = (1,)
-            storage.bind(grown._lt_storage.value)
-    moved = [u for u in storage.live_bases() if u._lt_storage is storage and u._lt_window is None]
-    for u in {id(u): u for u in [*moved, t]}.values():
-        desc, size = u._lt_desc, need * stored.itemsize // u.dtype.itemsize if u is t and reinterpreted else need
-        desc = describe(desc.shape, desc.stride, desc.offset, size, u.dtype)
-        u._lt_desc, u._lt_window, u._lt_cache = desc, (desc.shape, desc.stride, desc.offset), None
-
-
 # -- overlapping writes ---------------------------------------------------------
 
 _OVERLAP_CHECKS: dict = {}

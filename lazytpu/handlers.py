@@ -11,15 +11,7 @@ import jax
 import torch
 
 from lazytpu import hostio, runtime
-from lazytpu.aliasing import (
-    check_overlap,
-    contiguous_strides,
-    grow_storage,
-    new_tensor,
-    rebind_metadata,
-    view_of,
-    write,
-)
+from lazytpu.aliasing import check_overlap, contiguous_strides, new_tensor, rebind_metadata, view_of, write
 from lazytpu.dispatch import _check_with_meta, handles, record
 from lazytpu.engine import context
 from lazytpu.ir import Data, Failed, Output
@@ -98,17 +90,22 @@ def local_scalar(func, args, kwargs):
 @handles(aten.resize_.default)
 def resize_(func, args, kwargs):
     """torch's ``resize_``: a contiguous window at the same offset on the same
-    storage, which grows in place (old contents first, zeros after) when too
-    small (Note [Storage growth])."""
+    storage, which grows (old contents first, zeros after) when too small."""
     dst, size = args[0], tuple(args[1])
     torch.empty(0, device="meta").resize_(size)  # torch's errors (negative sizes)
     if size == tuple(dst.shape) and dst.is_contiguous():
         return dst
-    offset = dst.storage_offset()
+    offset, have = dst.storage_offset(), dst._lt_desc.storage_numel
     need = offset + math.prod(size)
-    if need > dst._lt_desc.storage_numel:
-        grow_storage(dst, need)
-    rebind_metadata(dst, view_of(dst, size, contiguous_strides(size), offset))
+    base = dst
+    if need > have:
+        flat = view_of(dst, (have,), (1,), 0)
+        base = (
+            aten.constant_pad_nd.default(flat, [0, need - have])
+            if have
+            else aten.zeros.default([need], dtype=dst.dtype, device=dst.device)
+        )
+    rebind_metadata(dst, view_of(base, size, contiguous_strides(size), offset))
     return dst
 
 

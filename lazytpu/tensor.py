@@ -111,9 +111,7 @@ class LazyTensor(torch.Tensor):
                 and desc.shape == aval.shape
                 and (desc.dtype is aval.dtype or desc.dtype is torch.complex32)
             )
-        if is_base:
-            storage.add_base(t)  # Note [Storage growth]
-        else:
+        if not is_base:
             t._lt_window = (desc.shape, desc.stride, desc.offset)
         return t
 
@@ -136,8 +134,6 @@ class LazyTensor(torch.Tensor):
                 own[name] = getattr(new, name)
             else:
                 own.pop(name, None)
-        if "_lt_storage" in own and "_lt_window" not in own:
-            self._lt_storage.add_base(self)  # Note [Storage growth]
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):

@@ -65,8 +65,8 @@ def _make_view_plan(func, args, kwargs, src):
     if any(m.dtype != src.dtype and not _reinterpretable(func, src.dtype, m.dtype) for m in metas):
         return False
     nbytes = src._lt_desc.storage_numel * src.dtype.itemsize
-    # bounds against the storage itself: a grown one (Note [Storage growth]) outsizes its older views'
-    # descs, and a base laid out with gaps (``empty_strided((2, 3), (7, 8))``) spans more than its numel
+    # bounds against the storage itself: a base laid out with gaps (``empty_strided((2, 3), (7, 8))``)
+    # spans more than its numel
     storage = src._lt_storage
     shape = storage.value.aval.shape
     extent = 1 + sum((n - 1) * s for n, s in zip(shape, storage.stride)) if all(shape) else 0

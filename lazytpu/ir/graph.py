@@ -32,13 +32,12 @@ class Storage:
     and memory strides ``stride`` (Note [Views as strides] in lowering/views).
     """
 
-    __slots__ = ("value", "graph", "stride", "bases", "__weakref__")
+    __slots__ = ("value", "graph", "stride", "__weakref__")
 
     def __init__(self, value, graph: PendingGraph, stride: tuple[int, ...]) -> None:
         self.value = value
         self.graph = graph
         self.stride = stride
-        self.bases: list = []
         ref = weakref.ref(self)
         graph.storages.append(ref)
         if type(value) is Output:
@@ -49,22 +48,6 @@ class Storage:
         self.value = value
         if type(value) is Output:
             self.graph.pending.append(weakref.ref(self))
-
-    def add_base(self, tensor) -> None:
-        """Note [Storage growth]: remember a tensor whose window is this storage's
-        base layout. A ``resize_`` that grows the storage re-lays it out (flat)
-        in place, as torch grows a storage in place: every tensor on it still
-        shares it, and those that were its base layout become windows on it.
-        Plain weak references (cheap on the per-op path); dead ones are pruned
-        whenever the list has doubled."""
-        bases = self.bases
-        bases.append(weakref.ref(tensor))
-        if len(bases) >= 8 and len(bases) & (len(bases) - 1) == 0:
-            self.bases = [ref for ref in bases if ref() is not None]
-
-    def live_bases(self) -> list:
-        """The live tensors remembered by ``add_base`` (some may have moved since)."""
-        return [t for t in (ref() for ref in self.bases) if t is not None]
 
     @property
     def pending(self) -> bool:
