@@ -165,3 +165,16 @@ def test_weakly_referenced_parameter_still_converts():
     model.to("tpu")
     assert model.a.bias.device.type == "tpu" and ref() is not model.a.bias
     torch.testing.assert_close(model(_x().to("tpu")).cpu(), reference(_x()), **tolerance(torch.float32))
+
+
+def test_tpu_tensors_carry_no_weak_references():
+    """lazytpu keeps no weak reference to a tensor it makes (a copy, an op's result, a view, a
+    Parameter moved by ``.to``): ``torch.utils.swap_tensors``, which module conversion relies on,
+    refuses tensors that have one."""
+    x = torch.randn(3, 4).to("tpu")
+    made = [x, x * 2, x.t(), x[1:], x.detach(), torch.nn.Linear(4, 2).to("tpu").weight, torch.empty(2, device="tpu")]
+    assert [weakref.getweakrefcount(t) for t in made] == [0] * len(made)
+    a, b = x * 2, torch.zeros(5, device="tpu")
+    torch.utils.swap_tensors(a, b)
+    assert a.shape == (5,) and b.shape == (3, 4)
+    torch.testing.assert_close(b.cpu(), x.cpu() * 2)
