@@ -70,8 +70,27 @@ def null_backend(gm, example_inputs):
     )
 
 
-def measure(name: str, steps: int, small: bool = False) -> dict:
+def null_workload(factory, kwargs: dict):
+    """The workload on CPU with its forward (+ backward) and optimizer step under the null backend."""
     import torch  # noqa: PLC0415
+
+    workload = factory("cpu", **kwargs)
+    workload.compile(functools.partial(torch.compile, backend=null_backend), optimizer=True)
+    return workload
+
+
+def ideal_step(workload, jw):
+    """One step of the ideal backend: ``workload``'s host work (under the null backend), then
+    ``jw``'s ``jax.jit`` step as its program; returns that step's loss."""
+
+    def step():
+        workload.step()
+        return jw.step()
+
+    return step
+
+
+def measure(name: str, steps: int, small: bool = False) -> dict:
 
     import lazytpu  # noqa: F401, PLC0415 (JAX configured as the suite has it: x64 on)
     from benchmarks import jax_workloads as J  # noqa: PLC0415
@@ -79,16 +98,10 @@ def measure(name: str, steps: int, small: bool = False) -> dict:
 
     factory, kwargs, _ = WORKLOADS[name]
     kwargs = SMALL_SIZES[name] if small else kwargs
-    workload = factory("cpu", **kwargs)
-    workload.compile(functools.partial(torch.compile, backend=null_backend), optimizer=True)
+    workload = null_workload(factory, kwargs)
     init = factory("cpu", **kwargs).init_state
     jw, ideal_jw = J.BUILDERS[name](init), J.BUILDERS[name](init)
-
-    def ideal_step():  # torch.compile's host work, then the jax.jit step as the program
-        workload.step()
-        ideal_jw.step()
-
-    steppers = {"null": workload.step, "jax": jw.step, "ideal": ideal_step}
+    steppers = {"null": workload.step, "jax": jw.step, "ideal": ideal_step(workload, ideal_jw)}
     waits = {"null": lambda loss: loss.item(), "jax": lambda _: jw.wait(), "ideal": lambda _: ideal_jw.wait()}
     for _ in range(10):
         for key, step in steppers.items():

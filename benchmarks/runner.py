@@ -51,10 +51,9 @@ with contextlib.suppress(RuntimeError):  # already set by an earlier import
 import jax  # noqa: E402
 
 import lazytpu  # noqa: E402
+from benchmarks import floor, report  # noqa: E402
 from benchmarks import jax_workloads as J  # noqa: E402
-from benchmarks import report  # noqa: E402
 from benchmarks import workloads as W  # noqa: E402
-from benchmarks.floor import null_backend  # noqa: E402
 
 RECORD_SIZE = 16  # elements of the tensor the recording microbenchmark works on
 
@@ -141,7 +140,7 @@ class Case:
         self.trace = "".join(traceback.format_exception(exc)[-6:])
 
     def free(self) -> None:
-        for name in ("w", "jw", "x", "y"):
+        for name in ("w", "jw", "step", "x", "y"):
             if hasattr(self, name):
                 delattr(self, name)
 
@@ -225,16 +224,17 @@ class JaxCase(Case):
     def setup(self) -> None:
         factory = W.WORKLOADS[self.workload][0]
         self.jw = J.BUILDERS[self.workload](factory("cpu", **self.kwargs).init_state)
+        self.step = self.jw.step
 
     def timed_step(self):
         timer = _Timer()
-        loss = self.jw.step()
+        loss = self.step()
         self.jw.wait()
         wall, cpu = timer.stop()
         return wall, cpu, float(loss)
 
     def timed_block(self, n: int):
-        return _timed_block(n, self.jw.step, lambda _: self.jw.wait())
+        return _timed_block(n, self.step, lambda _: self.jw.wait())
 
     def counters(self):
         return {"compiled": self.jw.jitted._cache_size(), "executed": 0, "fallbacks": {}}
@@ -249,29 +249,8 @@ class IdealCase(JaxCase):
 
     def setup(self) -> None:
         super().setup()
-        self.w = W.WORKLOADS[self.workload][0]("cpu", **self.kwargs)
-        self.w.compile(functools.partial(torch.compile, backend=null_backend), optimizer=True)
-        jax_step, torch_step = self.jw.step, self.w.step
-
-        def step():
-            torch_step()
-            return jax_step()
-
-        self.step = step
-
-    def timed_step(self):
-        timer = _Timer()
-        loss = self.step()
-        self.jw.wait()
-        wall, cpu = timer.stop()
-        return wall, cpu, float(loss)
-
-    def timed_block(self, n: int):
-        return _timed_block(n, self.step, lambda _: self.jw.wait())
-
-    def free(self) -> None:
-        super().free()
-        self.__dict__.pop("step", None)
+        self.w = floor.null_workload(W.WORKLOADS[self.workload][0], self.kwargs)
+        self.step = floor.ideal_step(self.w, self.jw)
 
 
 class RecordCase(Case):

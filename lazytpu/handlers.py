@@ -17,7 +17,7 @@ from lazytpu.engine import context
 from lazytpu.ir import Data, Failed, Output
 from lazytpu.lowering import get_rule
 from lazytpu.tensor import LazyTensor
-from lazytpu.views import check_in_bounds
+from lazytpu.views import check_in_bounds, storage_nbytes
 
 aten = torch.ops.aten
 
@@ -134,7 +134,7 @@ def as_strided_scatter(func, args, kwargs):
         x = aten.clone.default(x, memory_format=torch.contiguous_format)
     offset = x.storage_offset() if offset is None else offset
     n = x._lt_desc.storage_numel
-    check_in_bounds(call["size"], call["stride"], offset, x.dtype.itemsize, n * x.dtype.itemsize)
+    check_in_bounds(call["size"], call["stride"], offset, x.dtype.itemsize, storage_nbytes(x))
     if x._lt_window is None and x.is_contiguous():
         return record(func, (x, *args[1:]), kwargs, get_rule(func))
     _check_with_meta(func, args, kwargs)  # torch's error on src's size

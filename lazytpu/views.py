@@ -65,18 +65,28 @@ def _make_view_plan(func, args, kwargs, src):
     if any(m.dtype != src.dtype and not _reinterpretable(func, src.dtype, m.dtype) for m in metas):
         return False
     nbytes = src._lt_desc.storage_numel * src.dtype.itemsize
-    # bounds against the storage itself: a base laid out with gaps (``empty_strided((2, 3), (7, 8))``)
-    # spans more than its numel
-    storage = src._lt_storage
-    shape = storage.value.aval.shape
-    extent = 1 + sum((n - 1) * s for n, s in zip(shape, storage.stride)) if all(shape) else 0
-    held = max(storage.numel, extent) * storage.value.aval.dtype.itemsize
+    held = storage_nbytes(src)
     for m in metas:
-        check_in_bounds(m.shape, m.stride(), m.storage_offset(), m.dtype.itemsize, max(nbytes, held))
+        check_in_bounds(m.shape, m.stride(), m.storage_offset(), m.dtype.itemsize, held)
     descs = tuple(describe(m.shape, m.stride(), m.storage_offset(), nbytes // m.dtype.itemsize, m.dtype) for m in metas)
     if isinstance(meta_out, torch.Tensor):
         return descs, None
     return descs, tuple if isinstance(meta_out, tuple) else list
+
+
+def _span(size, stride) -> int:
+    """Elements from a window's first to its last, both included (0 if empty)."""
+    return 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
+
+
+def storage_nbytes(t) -> int:
+    """The bytes of ``t``'s storage: as its desc says, or more where the
+    storage's base is laid out with gaps (``empty_strided((2, 3), (7, 8))``
+    spans 24 elements, not 6)."""
+    storage = t._lt_storage
+    aval = storage.value.aval
+    spanned = max(storage.numel, _span(aval.shape, storage.stride)) * aval.dtype.itemsize
+    return max(t._lt_desc.storage_numel * t.dtype.itemsize, spanned)
 
 
 def check_in_bounds(size, stride, offset: int, itemsize: int, nbytes: int) -> None:
@@ -84,7 +94,7 @@ def check_in_bounds(size, stride, offset: int, itemsize: int, nbytes: int) -> No
     meta storages have no size, so their kernels never raise it)."""
     if 0 in size:
         return
-    need = (offset + 1 + sum((n - 1) * s for n, s in zip(size, stride))) * itemsize
+    need = (offset + _span(size, stride)) * itemsize
     if need > nbytes:
         raise RuntimeError(
             f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and itemsize "
