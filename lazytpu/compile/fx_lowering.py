@@ -57,6 +57,7 @@ from lazytpu.ir import Aval, Node, Output, Scalar, Storage
 from lazytpu.ir.node import op_sig
 from lazytpu.ir.template import Slot, Template, fill, flatten
 from lazytpu.lowering import apply_op, get_rule, lowering
+from lazytpu.lowering.casts import convert
 from lazytpu.lowering.views import VIEW_READ
 from lazytpu.tensor import LazyTensor, describe
 
@@ -116,7 +117,7 @@ def _sym_numel(fn, x):
 
 @graph_rule(aten.copy.default, aten.copy_.default)  # copy_: an input mutation (Note [Input mutations])
 def _copy(fn, x, src, non_blocking=False):
-    return jnp.broadcast_to(src, x.shape).astype(x.dtype)
+    return convert(jnp.broadcast_to(src, x.shape), x.dtype)
 
 
 def _is_view(op) -> bool:

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import torch
 
 from lazytpu import _dtypes
+from lazytpu.lowering.casts import convert
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
@@ -124,7 +125,7 @@ def fill(x, value):
 
 @lowering(aten.fill.Tensor)
 def fill_tensor(x, value):
-    return jnp.broadcast_to(value.astype(x.dtype), x.shape)
+    return jnp.broadcast_to(convert(value, x.dtype), x.shape)
 
 
 @lowering(aten.zero)
@@ -202,7 +203,7 @@ def logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=No
 
 @lowering(aten._to_copy)
 def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
-    return x if dtype is None else x.astype(_dtypes.to_jax(dtype))
+    return x if dtype is None else convert(x, _dtypes.to_jax(dtype))
 
 
 @lowering(aten.clone, aten.lift_fresh_copy, aten.alias_copy)

@@ -11,6 +11,7 @@ import torch
 from lazytpu import _dtypes
 from lazytpu.ir.foreach import ForeachOp
 from lazytpu.ir.template import fill
+from lazytpu.lowering.casts import convert
 from lazytpu.lowering.registry import get_rule
 
 
@@ -23,7 +24,7 @@ def cast_to(x, aval):
     target = _dtypes.to_jax(aval.dtype)
     x = jnp.asarray(x)
     if x.dtype != target:
-        x = x.astype(target)
+        x = convert(x, target)
     if aval.dtype is torch.complex32:
         x = _dtypes.round_complex32(x)
     if x.shape != aval.shape:
