@@ -18,7 +18,7 @@ import torch
 
 from lazytpu import _config, debug, dispatch, hostio
 from lazytpu.dispatch import MetaUnavailable, handles, record
-from lazytpu.engine import context
+from lazytpu.engine import DeferredCheck, context, located
 from lazytpu.fallback import DATA_DEPENDENT, cpu_fallback
 from lazytpu.ir import Output
 from lazytpu.lowering import get_rule
@@ -70,7 +70,7 @@ def checked(func, args, kwargs):
     except MetaUnavailable:
         return cpu_fallback(func, args, kwargs, data_dependent=func in DATA_DEPENDENT)
     if enabled():
-        _check_later(func, args, kwargs)
+        _check_later(func, args, kwargs, out)
     return out
 
 
@@ -84,7 +84,7 @@ def _map(x, fn):
     return fn(x) if type(x) is LazyTensor else x
 
 
-def _check_later(func, args, kwargs) -> None:
+def _check_later(func, args, kwargs, out) -> None:
     # snapshots: later in-place writes to an index tensor must not change what this op used
     snap_args = _map(args, lambda t: t.clone() if _is_index(t) else t)
     snap_kwargs = {k: _map(v, lambda t: t.clone() if _is_index(t) else t) for k, v in kwargs.items()}
@@ -98,17 +98,18 @@ def _check_later(func, args, kwargs) -> None:
     def check():
         cpu_args = _map(snap_args, stand_in)
         cpu_kwargs = {k: _map(v, stand_in) for k, v in snap_kwargs.items()}
-        try:
-            with torch.no_grad():
-                func(*cpu_args, **cpu_kwargs)
-        except (IndexError, RuntimeError) as exc:
-            at = f" ({func} recorded at {where})" if where else ""
-            raise type(exc)(f"{exc}{at}").with_traceback(None) from None
+        with torch.no_grad():
+            func(*cpu_args, **cpu_kwargs)
 
     indices: list = []
     _map((snap_args, list(snap_kwargs.values())), lambda t: indices.append(t) if _is_index(t) else None)
     pending = [t for t in indices if type(t._lt_storage.value) is Output]
     if pending:
-        context(pending[0].device.index or 0).defer_check(check)
+        guards: list = []
+        _map(out, lambda t: guards.append(t._lt_storage.value) if type(t._lt_storage.value) is Output else None)
+        context(pending[0].device.index or 0).defer_check(DeferredCheck(check, tuple(guards), str(func), where))
     else:
-        check()
+        try:
+            check()
+        except (IndexError, RuntimeError) as exc:
+            raise located(exc, str(func), where) from None

@@ -12,14 +12,15 @@ from __future__ import annotations
 import contextlib
 import enum
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+import attrs
 import jax
 import numpy as np
 import torch
 
 from lazytpu import _config, debug, metrics, runtime
-from lazytpu.fusion import build_program
+from lazytpu.fusion import FailedInput, build_program, op_node, split_roots
 from lazytpu.ir import Aval, Data, Node, Output, PendingGraph
 from lazytpu.lowering import lower_program
 from lazytpu.runtime.platform import _ForkState, check_not_forked
@@ -131,16 +132,19 @@ class DeviceContext:
         elif self.graph.pending_ops >= _config.MAX_PENDING_OPS.get():
             self.flush("graph_cap")
 
-    def defer_check(self, check) -> None:
-        """Run ``check()`` after the next flush (Note [Deferred checks]).
+    def defer_check(self, check: DeferredCheck) -> None:
+        """Run ``check`` after the next flush (Note [Deferred checks]).
 
         Note [Deferred checks]: some ops only validate their inputs' values
         (``_linalg_check_errors`` on LAPACK's ``info``). Reading a pending
         value at the op would cut the program there; instead the check (a
         closure holding the tensors it reads, so that they are program
-        outputs) runs right after the flush that materializes them, and
-        raises torch's own error there: at the latest when a result of the
-        checked op is read, never later. A failed program drops its checks.
+        outputs) runs right after the flush that materializes them, and the
+        flush raises torch's own error, naming the user's line that recorded
+        the op: at the latest when a result of the checked op is read, never
+        later. The values that depend on the checked op fail with the error;
+        every other value keeps its result (Note [Failure isolation] in
+        lazytpu.fusion). A check whose op failed is dropped.
         """
         with self.graph.lock:
             self.checks.append(check)
@@ -175,35 +179,112 @@ class DeviceContext:
             if not roots:
                 self.graph.forget_pending()  # whatever was pending is dead or materialized
                 return ()
+            results, failures = self._run(roots, execute, first=True)
+            checks, self.checks = self.checks, []
+            checks = [c for c in checks if not any(g in failures for g in c.guards)]  # nothing to check
+            guarded = [split_roots(list(results), [g.node for g in c.guards])[0] for c in checks]
+            settled = self.graph.settle(results, failures)
+            errors = list(dict.fromkeys(failures.values()))
+            for check, reaching in zip(checks, guarded):
+                error = check.error()
+                if error is not None:
+                    errors.append(error)
+                    failures.update(dict.fromkeys(reaching, error))
+                    self.graph.fail_values(settled, failures)
+            if errors:  # the first failure, once: every value it reached keeps it
+                raise errors[0].with_traceback(None)
+            return tuple(d.buffer for d in results.values())
+
+    def _run(self, roots: list, execute, first: bool) -> tuple[dict, dict]:
+        """Compile and run the program of ``roots``; on a failure, run again
+        what does not depend on the failing op (Note [Failure isolation]).
+
+        Returns:
+            ``{root: Data}`` for the values computed and ``{root: error}`` for
+            those that failed.
+        """
+        try:
             program, inputs, distinct = build_program(roots)
-            held = self.graph.held_buffers()
-            donate = tuple(
+        except FailedInput as exc:
+            return self._without(roots, [exc.node], exc.error, execute)
+        # A retry donates nothing: a failed attempt may have left a donated input to a part
+        # that still needs it.
+        held = self.graph.held_buffers() if first else None
+        donate = (
+            tuple(
                 i
                 for i, (kind, buf) in enumerate(zip(program.input_kinds, inputs))
                 if isinstance(kind, Aval) and id(buf) not in held
             )
-            blocking = MODE.current is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
-            try:
-                outs = execute(
-                    (program.key, donate, self.index),
-                    lambda: lower_program(program),
-                    inputs,
-                    index=self.index,
-                    blocking=blocking,
-                    donate=donate,
-                    on_compile=lambda lowered: debug.observe_compile(program, lowered),
-                )
-            except Exception as exc:
-                error = _program_error(exc, program)
-                self.graph.fail(error)
-                self.checks.clear()
-                raise error from exc
-            self.graph.rebind({r: Data(buf, r.aval) for r, buf in zip(distinct, outs)})
-            if self.checks:
-                checks, self.checks = self.checks, []
-                for check in checks:
-                    check()
-            return outs
+            if first
+            else ()
+        )
+        blocking = MODE.current is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+        try:
+            outs = execute(
+                (program.key, donate, self.index),
+                lambda: lower_program(program),
+                inputs,
+                index=self.index,
+                blocking=blocking,
+                donate=donate,
+                on_compile=lambda lowered: debug.observe_compile(program, lowered),
+            )
+        except Exception as exc:
+            error = _program_error(exc, program)
+            error.__cause__ = exc
+            if execute is not runtime.execute:  # another rank runs this program too: no retries
+                return {}, dict.fromkeys(distinct, error)
+            index = getattr(exc, "op_index", None)
+            if index is not None:
+                return self._without(roots, [op_node(roots, index)], error, execute)
+            if len(distinct) == 1:
+                return {}, {distinct[0]: error}
+            half = len(distinct) // 2
+            done, failed = self._run(distinct[:half], execute, first=False)
+            more_done, more_failed = self._run(distinct[half:], execute, first=False)
+            return done | more_done, failed | more_failed
+        return {r: Data(buf, r.aval) for r, buf in zip(distinct, outs)}, {}
+
+    def _without(self, roots: list, culprits: list, error: BaseException, execute) -> tuple[dict, dict]:
+        """Fail the roots that reach ``culprits`` with ``error``; run the rest."""
+        reaching, others = split_roots(roots, culprits)
+        failed = dict.fromkeys(reaching, error)
+        if not others:
+            return {}, failed
+        done, more_failed = self._run(others, execute, first=False)
+        return done, failed | more_failed
+
+
+@attrs.frozen(slots=True)
+class DeferredCheck:
+    """A check of values an op computed (Note [Deferred checks]).
+
+    ``run`` raises torch's error for bad values, read once computed;
+    ``guards`` are the op's pending outputs: if the check fails, every value
+    that depends on them fails with its error (Note [Failure isolation]);
+    ``op`` and ``where`` (the user's ``file:line``) name what recorded it.
+    """
+
+    run: Callable[[], None]
+    guards: tuple[Output, ...]
+    op: str
+    where: str | None
+
+    def error(self) -> BaseException | None:
+        """torch's error for the checked values (``located``); else None."""
+        try:
+            self.run()
+        except Exception as exc:  # noqa: BLE001 - torch's error, raised by the flush
+            return located(exc, self.op, self.where)
+        return None
+
+
+def located(exc: BaseException, op: str, where: str | None) -> BaseException:
+    """``exc`` as torch raised it, its message naming the op and the user's line."""
+    if not where:
+        return exc
+    return type(exc)(f"{exc} ({op} recorded at {where})").with_traceback(None)
 
 
 def _program_error(exc: Exception, program) -> Exception:

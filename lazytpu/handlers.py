@@ -10,10 +10,10 @@ import math
 import jax
 import torch
 
-from lazytpu import hostio, runtime
+from lazytpu import debug, hostio, runtime
 from lazytpu.aliasing import check_overlap, contiguous_strides, new_tensor, rebind_metadata, view_of, write
 from lazytpu.dispatch import _check_with_meta, handles, record
-from lazytpu.engine import context
+from lazytpu.engine import DeferredCheck, context
 from lazytpu.ir import Data, Failed, Output
 from lazytpu.lowering import get_rule
 from lazytpu.tensor import LazyTensor
@@ -70,6 +70,8 @@ def copy_(func, args, kwargs):
         return dst.copy_(hostio.to_cpu(src))
     check_overlap(func, args, kwargs, dst)  # Note [Overlapping writes]
     if type(src) is not LazyTensor:  # cpu -> tpu
+        if hostio.load_into(dst, src):  # torch.load's .to("tpu"): Note [Checkpoint storages]
+            return dst
         index = dst.device.index or 0
         src = new_tensor(hostio.data_from_cpu(src, index), src.shape, contiguous_strides(src.shape), src.dtype, index)
     elif src.device != dst.device:  # tpu:i -> tpu:j
@@ -180,8 +182,11 @@ def linalg_check_errors(func, args, kwargs):
     def check():
         func(hostio.to_cpu(info), *args[1:], **kwargs)
 
-    if type(info._lt_storage.value) is Output:
-        context(info.device.index or 0).defer_check(check)
+    value = info._lt_storage.value
+    if type(value) is Output:
+        context(info.device.index or 0).defer_check(
+            DeferredCheck(check, (value,), "torch." + args[1].removeprefix("torch."), debug.source_line())
+        )
     else:
         check()
 
@@ -251,7 +256,8 @@ def bincount(func, args, kwargs):
     if not x.numel():
         return out
     values = aten.ones_like.default(x, dtype=dtype) if weights is None else aten._to_copy.default(weights, dtype=dtype)
-    return aten.index_add.default(out, 0, x, values)
+    index = x if x.dtype in (torch.int32, torch.int64) else aten._to_copy.default(x, dtype=torch.int64)
+    return aten.index_add.default(out, 0, index, values)
 
 
 @handles(aten.linalg_lstsq.default)

@@ -4,6 +4,6 @@ Only what live tensors reach is collected (dead work is dropped), and the
 program key is canonical: it names buffers by position, never by identity.
 """
 
-from lazytpu.fusion.program import Program, ProgramOp, build_program
+from lazytpu.fusion.program import FailedInput, Program, ProgramOp, build_program, op_node, split_roots
 
-__all__ = ["Program", "ProgramOp", "build_program"]
+__all__ = ["FailedInput", "Program", "ProgramOp", "build_program", "op_node", "split_roots"]

@@ -51,6 +51,15 @@ class Program:
         return tuple(self.ops[j].out_avals[k] for j, k in self.outputs)
 
 
+class FailedInput(Exception):
+    """A node reads a value that could not be computed (Note [Failure isolation])."""
+
+    def __init__(self, node: Node, error: BaseException) -> None:
+        super().__init__(f"lazytpu: an input of {node.op} could not be computed earlier: {error}")
+        self.node = node
+        self.error = error
+
+
 def _topo_order(roots: list[Output]) -> list[Node]:
     order: list[Node] = []
     seen: set[int] = set()
@@ -103,9 +112,7 @@ def build_program(roots: list[Output]) -> tuple[Program, list, list[Output]]:
                 inputs.append(v.value)
                 kinds.append(v.kind)
             elif kind is Failed:
-                raise RuntimeError(
-                    f"lazytpu: an input of {node.op} could not be computed earlier: {v.error}"
-                ) from v.error
+                raise FailedInput(node, v.error)
             else:
                 raise TypeError(f"bad IR input {v!r}")
         refs = tuple(refs)
@@ -115,3 +122,32 @@ def build_program(roots: list[Output]) -> tuple[Program, list, list[Output]]:
     outputs = tuple((position[id(r.node)], r.index) for r in distinct)
     key = (tuple(key_parts), tuple(kinds), outputs)
     return Program(key, nodes, all_refs, tuple(kinds), outputs), inputs, distinct
+
+
+# Note [Failure isolation]: when a program fails, only the values that depend
+# on the failing op fail with it. If the failing op is known (a node that
+# reads a failed value, a lowering rule that raised, a deferred check), the
+# roots split into those that reach it and the rest, which run again as a
+# program of their own; if it is not (XLA failed to compile or run the
+# program), the roots are halved until each failing part holds one root.
+# In-place updates of materialized tensors (parameters, optimizer state) are
+# roots like any other, so an unrelated failure never loses them.
+
+
+def op_node(roots: list[Output], index: int) -> Node:
+    """The node at position ``index`` of the program ``build_program(roots)``
+    made (a lowering error names an op by its position)."""
+    return _topo_order(roots)[index]
+
+
+def split_roots(roots: list[Output], culprits) -> tuple[list[Output], list[Output]]:
+    """``(reaching, others)``: the distinct roots whose value depends on one
+    of the nodes ``culprits``, and the rest, each in root order."""
+    bad = {id(n) for n in culprits}
+    memo: dict[int, bool] = {}
+    for node in _topo_order(roots):  # inputs come before their users
+        memo[id(node)] = id(node) in bad or any(type(v) is Output and memo[id(v.node)] for v in node.inputs)
+    reaching, others = [], []
+    for r in dict.fromkeys(roots):
+        (reaching if memo[id(r.node)] else others).append(r)
+    return reaching, others

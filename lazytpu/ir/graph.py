@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 import weakref
 
-from lazytpu.ir.node import Data, Output
+from lazytpu.ir.node import Data, Failed, Output
 
 
 class Storage:
@@ -133,22 +133,31 @@ class PendingGraph:
         self.pending.clear()
         self.pending_ops = 0
 
-    def fail(self, error: BaseException) -> None:
-        """Re-bind every pending value to ``Failed`` (Note [Deferred failures])."""
-        from lazytpu.ir.node import Failed
+    def settle(self, results: dict[Output, Data], failures: dict[Output, BaseException]) -> list:
+        """Re-bind every pending value to its result, or to ``Failed`` with
+        the error of the op it depends on (Note [Deferred failures]).
 
-        for storage in self.pending_storages():
-            storage.value = Failed(error, storage.value.aval)
-        self.pending.clear()
-        if isinstance(self.rng, Output):  # the key state before the failed program is lost with it
-            self.rng = None
-        self.pending_ops = 0
+        The PRNG state is lost with a failed value (the key before the failed
+        program is not kept): the next draw starts from the seed again.
 
-    def rebind(self, results: dict[Output, Data]) -> None:
-        """Replace pending values by the program's results; forget the rest."""
-        for storage in self.pending_storages():
-            storage.value = results[storage.value]
+        Returns:
+            ``(storage, the pending value it held)`` for each storage bound.
+        """
+        settled = [(s, s.value) for s in self.pending_storages()]
+        for storage, value in settled:
+            done = results.get(value)
+            storage.value = done if done is not None else Failed(failures[value], value.aval)
         self.pending.clear()
         if isinstance(self.rng, Output):
-            self.rng = results[self.rng]
+            self.rng = results.get(self.rng)
         self.pending_ops = 0
+        return settled
+
+    @staticmethod
+    def fail_values(settled: list, failures: dict[Output, BaseException]) -> None:
+        """Re-bind the storages ``settle`` bound from a value in ``failures``
+        to ``Failed`` (a deferred check failed after the program ran)."""
+        for storage, value in settled:
+            error = failures.get(value)
+            if error is not None and type(storage.value) is Data:
+                storage.value = Failed(error, value.aval)

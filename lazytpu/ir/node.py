@@ -44,9 +44,10 @@ class Failed:
     """The value of a tensor whose program failed (Note [Deferred failures]).
 
     Note [Deferred failures]: when a fused program fails to compile or run,
-    every tensor it was computing is re-bound to ``Failed``: using one raises
+    every tensor whose value depends on the failing op is re-bound to
+    ``Failed`` (Note [Failure isolation] in lazytpu.fusion): using one raises
     the original error again, with the op and (when known) the source line;
-    tensors that were already materialized stay valid, and the next program
+    every other tensor is computed and bound as usual, and the next program
     runs normally.
     """
 

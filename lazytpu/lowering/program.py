@@ -16,7 +16,14 @@ from lazytpu.lowering.registry import get_rule
 
 
 class LoweringError(RuntimeError):
-    """A rule failed while tracing; names the op and where it was recorded."""
+    """A rule failed while tracing; names the op and where it was recorded.
+
+    ``op_index`` is the failing op's position in the program, when known
+    (Note [Failure isolation] in lazytpu.fusion)."""
+
+    def __init__(self, message: str, op_index: int | None = None) -> None:
+        super().__init__(message)
+        self.op_index = op_index
 
 
 def cast_to(x, aval):
@@ -68,15 +75,15 @@ def lower_program(program) -> Callable:
 
     def run(*inputs):
         env: list[tuple] = []
-        for op in ops:
+        for j, op in enumerate(ops):
             vals = [inputs[r[1]] if r[0] == "in" else env[r[0]][r[1]] for r in op.inputs]
             try:
                 env.append(apply_op(op.op, op.spec, vals, op.out_avals))
-            except LoweringError:
-                raise
+            except LoweringError as exc:
+                raise LoweringError(str(exc), j) from exc
             except Exception as exc:
                 where = f" (recorded at {op.source})" if op.source else ""
-                raise LoweringError(f"lowering {op.op} failed{where}: {exc}") from exc
+                raise LoweringError(f"lowering {op.op} failed{where}: {exc}", j) from exc
         return tuple(env[j][k] for j, k in outputs)
 
     return run
