@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-opinfo test-contract coverage soak fuzz dtype-sweep lint venv clean bench notebooks
+.PHONY: demo test test-opinfo test-contract coverage soak fuzz dtype-sweep arg-sweep lint venv clean bench notebooks
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,10 @@ fuzz: $(STAMP)
 # Ops that CPU torch rejects for a dtype and tpu computes (a survey, not a test).
 dtype-sweep: $(STAMP)
 	$(BIN)/python tests/dtype_sweep.py
+
+# Calls with an out-of-range dim or a wrong index dtype that CPU torch rejects and tpu computes (a survey, not a test).
+arg-sweep: $(STAMP)
+	$(BIN)/python tests/arg_sweep.py
 
 # The benchmark suite (benchmarks/README.md): table on stdout, JSON + PNG in benchmarks/results/.
 bench: $(STAMP)

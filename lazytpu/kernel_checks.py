@@ -20,6 +20,7 @@ _KERNEL_ERRORS = re.compile(
     r"|with a bool tensor is not supported|Expected both inputs to be Half, Float or Double"
     r"|can't be cast to the desired output type"
     r"|Integer division with addcdiv|doesn't support tensors of type|(from|to - 1) is out of bounds for"
+    r"|Expected reduction dim"  # cummax/cummin of a scalar (_DIM_CHECKED)
 )
 
 
@@ -182,6 +183,27 @@ _KERNEL_CHECKED = frozenset(
 )
 
 
+# Note [Dim checks]: some meta kernels accept a dim out of the input's range
+# that the CPU kernel refuses (``sort(x, dim=2)`` of a 2-D tensor), and the
+# lowering rules take dims modulo the rank (``dim % x.ndim``): the call would
+# compute along another axis instead of raising. These families are checked
+# on one-element stand-ins as ``_KERNEL_CHECKED`` ones are (once per call
+# signature: the dim is static, part of the plan key), so torch's
+# ``Dimension out of range`` (or ``cummax()``'s message for a scalar) is raised
+# at the call. ``make arg-sweep`` (tests/arg_sweep.py) lists the calls still
+# missing.
+_DIM_CHECKED = frozenset(
+    {
+        "sort",  # both overloads; argsort and msort decompose to it
+        "cummax",  # a scalar takes dim -1 or 0 only
+        "cummin",
+        "select_scatter",
+        "diagonal_scatter",
+        "index_select",  # of a scalar
+    }
+)
+
+
 def _attention_on_cpu(query, key, value, attn_bias=None, *args, scale=None, **kwargs):
     return torch.ops.aten._scaled_dot_product_attention_math(query, key, value, attn_bias, scale=scale)
 
@@ -318,7 +340,7 @@ def _check_kernel_dtypes(func, template, values) -> None:
     stand-ins, none after."""
 
     family = func._schema.name.split("::")[-1]
-    if family in _KERNEL_CHECKED:
+    if family in _KERNEL_CHECKED or family in _DIM_CHECKED:
         stand_ins = _CHECKED
     elif family in _KERNEL_CHECKED_ON_SHAPES:
         stand_ins = _SHAPED

@@ -9,6 +9,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import mode
 
 
 def _t(*shape, dtype=torch.float32):
@@ -186,6 +187,26 @@ CASES = {
 }
 
 
+# Out-of-range dims that meta kernels accept and CPU kernels refuse: checked
+# at the call (Note [Dim checks] in kernel_checks.py), in both modes; before,
+# the lowering wrapped the dim (sort(x, dim=2) of a 2-D tensor sorted dim 0).
+DIM_CASES = {
+    "sort_dim_past_last": lambda d: _t(2, 3).to(d).sort(dim=2),
+    "sort_negative_dim": lambda d: torch.sort(_t(2, 3).to(d), -3),
+    "sort_stable_dim": lambda d: torch.sort(_t(4).to(d), dim=1, stable=True),
+    "sort_scalar_dim": lambda d: torch.sort(_t().to(d), 1),
+    "argsort_dim": lambda d: _t(2, 3, 4).to(d).argsort(dim=-4),
+    "sort_descending_dim": lambda d: torch.sort(_t(3).to(d), dim=-2, descending=True),
+    "cummax_scalar_dim": lambda d: torch.cummax(_t().to(d), 1),
+    "cummin_scalar_negative_dim": lambda d: torch.cummin(_t().to(d), -2),
+    "select_scatter_dim": lambda d: torch.select_scatter(_t(2, 3).to(d), _t(2).to(d), 2, 0),
+    "select_scatter_negative_dim": lambda d: torch.select_scatter(_t(2, 3).to(d), _t(3).to(d), -3, 0),
+    "diagonal_scatter_dim1": lambda d: torch.diagonal_scatter(_t(2, 3, 4).to(d), _t(4, 2).to(d), 0, 3, 0),
+    "diagonal_scatter_dim2": lambda d: torch.diagonal_scatter(_t(2, 3, 4).to(d), _t(2, 2).to(d), 0, 0, -4),
+    "index_select_scalar_dim": lambda d: torch.index_select(_t().to(d), 1, torch.zeros(1, dtype=torch.int64).to(d)),
+}
+
+
 def _twice(d):
     x = _t(3).to(d).requires_grad_()
     y = (x * x).sum()
@@ -201,13 +222,25 @@ def _outcome(fn, device):
     return None, None
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_same_error_as_cpu(name):
-    cpu_type, cpu_message = _outcome(CASES[name], "cpu")
+def _assert_same_error(fn):
+    cpu_type, cpu_message = _outcome(fn, "cpu")
     assert cpu_type is not None, "the case must fail on CPU"
-    tpu_type, tpu_message = _outcome(CASES[name], "tpu")
+    tpu_type, tpu_message = _outcome(fn, "tpu")
     assert tpu_type is cpu_type, (tpu_type, tpu_message, cpu_message)
     assert re.sub(r"(?<![a-z])tpu(:0)?(?![a-z])", "cpu", tpu_message) == cpu_message, (tpu_message, cpu_message)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_same_error_as_cpu(name):
+    _assert_same_error(CASES[name])
+
+
+@pytest.mark.parametrize("name", sorted(DIM_CASES))
+def test_dim_error_at_the_call(name, eager_mode):
+    """Raised when the op is recorded: defer mode reads nothing, so an error
+    left to the program's run (or a wrapped dim) would not show."""
+    with mode(eager_mode):
+        _assert_same_error(DIM_CASES[name])
 
 
 def test_table_size():
@@ -223,3 +256,19 @@ def test_kernel_check_leaves_cpu_generator():
     torch.bernoulli(torch.full((3, 5, 7), 0.5, device="tpu"))  # a new call signature: its plan checks the kernel
     torch.rand(1, 2, 3, device="tpu").uniform_(0.25, 0.5)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_dim_check_once_per_call_signature(monkeypatch):
+    """The dim check runs the CPU kernel on stand-ins when a call signature is
+    first planned, never again for it (Note [Dim checks]): not on the hot path."""
+    from lazytpu import scalars
+
+    runs = []
+    cpu_error = scalars.cpu_error
+    monkeypatch.setattr(scalars, "cpu_error", lambda *a: runs.append(a) or cpu_error(*a))
+    x = _t(2, 7, 3).to("tpu")
+    x.sort(dim=1, descending=True)
+    first = len(runs)
+    for _ in range(3):
+        x.sort(dim=1, descending=True)
+    assert first and len(runs) == first
