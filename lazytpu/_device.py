@@ -12,7 +12,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils import _foreach_utils
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from lazytpu import _config, autocast, sdpa, tpu
+from lazytpu import _config, autocast, hostio, sdpa, tpu
 from lazytpu.dispatch import record
 from lazytpu.engine import context
 from lazytpu.lowering import get_rule
@@ -121,6 +121,10 @@ def register() -> None:
     _registered.append(fallback)
     _registered.extend(autocast.register())
     _registered.append(register_optimizer_step_post_hook(_after_optimizer_step))
+    # Note [Checkpoint storages]: host copies of tpu storages are saved tagged
+    # with their device and loaded back to tpu sharing as they were saved.
+    # Before the CPU tagger (10): the copies are CPU storages.
+    torch.serialization.register_package(9, hostio.storage_location, hostio.restore_storage)
     # Note [Module conversion]: the one patch of a torch class, so that
     # ``model.to("tpu")`` keeps Parameters (and tied weights) as CUDA does.
     torch.nn.Module._apply = keep_parameters(torch.nn.Module._apply)

@@ -155,8 +155,10 @@ class LazyTensor(torch.Tensor):
         )
 
     def __reduce_ex__(self, protocol):
-        """``torch.save``: a sync point; saved as its CPU value, restored on
-        ``tpu`` by a loader that ``torch.load(weights_only=True)`` allows. A
+        """``torch.save``: a sync point; saved as a window on a host copy of
+        its storage, restored on ``tpu`` by a loader that
+        ``torch.load(weights_only=True)`` allows, sharing that storage with
+        the tensors saved with it as on CPU (Note [Checkpoint storages]). A
         Parameter is rebuilt as one, with its attributes, as
         ``Parameter.__reduce_ex__`` does (hooks are not saved)."""
         from lazytpu import hostio
@@ -168,7 +170,9 @@ class LazyTensor(torch.Tensor):
                 return torch._utils._rebuild_parameter, data
             return torch._utils._rebuild_parameter_with_state, (*data, state)
 
-        host = hostio.to_cpu(self, reason="save")
+        # a window on one host copy of the whole storage, shared by every tensor on it (Note [Checkpoint storages])
+        memory = hostio.saved_storage(self)
+        host = torch.empty(0, dtype=self.dtype).set_(memory, self.storage_offset(), self.shape, self.stride())
         rebuild = torch._utils._rebuild_device_tensor_from_cpu_tensor
         return rebuild, (host, self.dtype, str(self.device), self.requires_grad)
 
