@@ -97,6 +97,12 @@ CACHE_DIR = Flag(
     lambda n, r: r,
     "Directory of the persistent compile cache (default ~/.cache/lazytpu; 'off' disables).",
 )
+PROGRAM_CACHE_SIZE = Flag(
+    "LAZYTPU_PROGRAM_CACHE_SIZE",
+    256,
+    _parse_int,
+    "Compiled programs kept in memory, least recently used evicted first (at least 1).",
+)
 
 DEBUG = Flag(
     "LAZYTPU_DEBUG",
@@ -119,6 +125,7 @@ FLAGS: tuple[Flag, ...] = (
     SYNC_ON_OPTIMIZER_STEP,
     MAX_PENDING_OPS,
     CACHE_DIR,
+    PROGRAM_CACHE_SIZE,
     DEBUG,
     DUMP_DIR,
 )
