@@ -20,7 +20,7 @@ _KERNEL_ERRORS = re.compile(
     r"|with a bool tensor is not supported|Expected both inputs to be Half, Float or Double"
     r"|can't be cast to the desired output type"
     r"|Integer division with addcdiv|doesn't support tensors of type|(from|to - 1) is out of bounds for"
-    r"|Expected reduction dim"  # cummax/cummin of a scalar (_DIM_CHECKED)
+    r"|Expected reduction dim|sorter must be a tensor of long dtype"  # cummax of a scalar, searchsorted's sorter
 )
 
 
@@ -55,6 +55,7 @@ _KERNEL_CHECKED = frozenset(
         "trace",
         "addbmm",
         "bucketize",
+        "searchsorted",
         "index_reduce",
         "scatter_reduce",
         "complex",

@@ -187,10 +187,11 @@ CASES = {
 }
 
 
-# Out-of-range dims that meta kernels accept and CPU kernels refuse: checked
-# at the call (Note [Dim checks] in kernel_checks.py), in both modes; before,
-# the lowering wrapped the dim (sort(x, dim=2) of a 2-D tensor sorted dim 0).
-DIM_CASES = {
+# Calls that meta kernels accept and CPU kernels refuse, checked when the op
+# is recorded, in both modes (make arg-sweep finds them): out-of-range dims
+# (Note [Dim checks] in kernel_checks.py; before, the lowering wrapped the
+# dim: sort(x, dim=2) of a 2-D tensor sorted dim 0) and index dtypes.
+AT_CALL_CASES = {
     "sort_dim_past_last": lambda d: _t(2, 3).to(d).sort(dim=2),
     "sort_negative_dim": lambda d: torch.sort(_t(2, 3).to(d), -3),
     "sort_stable_dim": lambda d: torch.sort(_t(4).to(d), dim=1, stable=True),
@@ -204,6 +205,12 @@ DIM_CASES = {
     "diagonal_scatter_dim1": lambda d: torch.diagonal_scatter(_t(2, 3, 4).to(d), _t(4, 2).to(d), 0, 3, 0),
     "diagonal_scatter_dim2": lambda d: torch.diagonal_scatter(_t(2, 3, 4).to(d), _t(2, 2).to(d), 0, 0, -4),
     "index_select_scalar_dim": lambda d: torch.index_select(_t().to(d), 1, torch.zeros(1, dtype=torch.int64).to(d)),
+    "searchsorted_int32_sorter": lambda d: torch.searchsorted(
+        _t(3).to(d), _t(2).to(d), sorter=torch.tensor([0, 1, 2], dtype=torch.int32).to(d)
+    ),
+    "searchsorted_uint8_sorter_right": lambda d: torch.searchsorted(
+        _t(2, 3).to(d), _t(2, 1).to(d), right=True, sorter=torch.zeros(2, 3, dtype=torch.uint8).to(d)
+    ),
 }
 
 
@@ -235,12 +242,12 @@ def test_same_error_as_cpu(name):
     _assert_same_error(CASES[name])
 
 
-@pytest.mark.parametrize("name", sorted(DIM_CASES))
-def test_dim_error_at_the_call(name, eager_mode):
+@pytest.mark.parametrize("name", sorted(AT_CALL_CASES))
+def test_error_at_the_call(name, eager_mode):
     """Raised when the op is recorded: defer mode reads nothing, so an error
     left to the program's run (or a wrapped dim) would not show."""
     with mode(eager_mode):
-        _assert_same_error(DIM_CASES[name])
+        _assert_same_error(AT_CALL_CASES[name])
 
 
 def test_table_size():
