@@ -27,6 +27,7 @@ def sync() -> None:
     sync_all("lazytpu.sync")
 
 
+runtime.platform.check_requested_platform()  # Note [Platform at import]
 _device.register()
 if bounds.enabled():
     bounds.install()

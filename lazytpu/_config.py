@@ -10,25 +10,77 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import attrs
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
 
 def _parse_bool(name: str, raw: str) -> bool:
     low = raw.strip().lower()
-    if low in ("1", "true", "yes", "on"):
+    if low in _TRUE:
         return True
-    if low in ("0", "false", "no", "off"):
+    if low in _FALSE:
         return False
-    raise ValueError(f"{name}={raw!r}: expected one of 1, 0, true, false, on, off")
+    raise ValueError(f"{name}={raw!r}: expected one of {', '.join(_TRUE + _FALSE)}")
 
 
-def _parse_int(name: str, raw: str) -> int:
+def _parse_positive_int(name: str, raw: str) -> int:
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
-        raise ValueError(f"{name}={raw!r}: expected an integer") from None
+        value = 0
+    if value <= 0:
+        raise ValueError(f"{name}={raw!r}: expected a positive integer")
+    return value
+
+
+def _parse_choice(*choices: str) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        low = raw.strip().lower()
+        if low not in choices:
+            raise ValueError(f"{name}={raw!r}: expected one of {', '.join(choices)}")
+        return low
+
+    return parse
+
+
+def _parse_items(*choices: str) -> Callable[[str, str], frozenset]:
+    def parse(name: str, raw: str) -> frozenset:
+        items = frozenset(p.strip() for p in raw.split(",") if p.strip())
+        unknown = sorted(items - set(choices))
+        if unknown:
+            raise ValueError(
+                f"{name}={raw!r}: unknown item {', '.join(map(repr, unknown))}; "
+                f"expected a comma-separated list of {', '.join(choices)}"
+            )
+        return items
+
+    return parse
+
+
+def _parse_dir(name: str, raw: str) -> str:
+    """A directory path (``~`` expanded); it or its nearest existing ancestor must be a directory."""
+    path = existing = Path(raw).expanduser()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{name}={raw!r}: expected a directory path ({existing} is not a directory)")
+    return str(path)
+
+
+CACHE_OFF = ("off", "0", "none", "false")
+
+
+def _parse_cache_dir(name: str, raw: str) -> str:
+    if raw.strip().lower() in CACHE_OFF:
+        return raw
+    try:
+        return _parse_dir(name, raw)
+    except ValueError as exc:
+        raise ValueError(f"{exc}, or one of {', '.join(CACHE_OFF)} to disable the cache") from None
 
 
 @attrs.define(slots=True)
@@ -62,10 +114,11 @@ _lock = threading.Lock()
 CPU_FALLBACK = Flag(
     "LAZYTPU_CPU_FALLBACK", True, _parse_bool, "Run ops with no lowering on CPU torch (0: raise NotImplementedError)."
 )
+PLATFORMS = ("tpu", "gpu", "cpu")  # LAZYTPU_PLATFORM's values, best first
 PLATFORM = Flag(
     "LAZYTPU_PLATFORM",
     None,
-    lambda n, r: r.strip().lower(),
+    _parse_choice(*PLATFORMS),
     "PJRT platform: tpu, gpu or cpu (default: the best present).",
 )
 EAGER_MODE = Flag(
@@ -87,33 +140,34 @@ SYNC_ON_OPTIMIZER_STEP = Flag(
 MAX_PENDING_OPS = Flag(
     "LAZYTPU_MAX_PENDING_OPS",
     20000,
-    _parse_int,
+    _parse_positive_int,
     "Sync when this many ops are pending (bounds memory in loops that never sync).",
 )
 
 CACHE_DIR = Flag(
     "LAZYTPU_CACHE_DIR",
     None,
-    lambda n, r: r,
+    _parse_cache_dir,
     "Directory of the persistent compile cache (default ~/.cache/lazytpu; 'off' disables).",
 )
 PROGRAM_CACHE_SIZE = Flag(
     "LAZYTPU_PROGRAM_CACHE_SIZE",
     256,
-    _parse_int,
+    _parse_positive_int,
     "Compiled programs kept in memory, least recently used evicted first (at least 1).",
 )
 
+DEBUG_ITEMS = ("bounds", "recompile")
 DEBUG = Flag(
     "LAZYTPU_DEBUG",
     frozenset(),
-    lambda n, r: frozenset(p.strip() for p in r.split(",") if p.strip()),
+    _parse_items(*DEBUG_ITEMS),
     "Comma list: 'recompile' logs why each recompile happened to stderr; 'bounds' checks index tensors.",
 )
 DUMP_DIR = Flag(
     "LAZYTPU_DUMP_DIR",
     None,
-    lambda n, r: r,
+    _parse_dir,
     "Write each compiled program's IR and StableHLO text here, named by its key.",
 )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import glob
 import os
 
 import jax
@@ -11,7 +12,8 @@ from lazytpu import _config
 
 jax.config.update("jax_enable_x64", True)  # torch's int64/float64 must survive
 
-_PREFERENCE = ("tpu", "gpu", "cpu")
+_PREFERENCE = _config.PLATFORMS
+_JAX_ALIASES = {"cuda": "gpu", "rocm": "gpu", "oneapi": "gpu"}  # JAX_PLATFORMS names of lazytpu's gpu
 
 
 def _present() -> dict[str, list]:
@@ -56,6 +58,12 @@ def in_bad_fork() -> bool:
     return _ForkState.bad_fork
 
 
+def _absent(wanted: str, present) -> RuntimeError:
+    return RuntimeError(
+        f"{_config.PLATFORM.env}={wanted!r} but no {wanted} device is present; present: {', '.join(present) or 'none'}"
+    )
+
+
 @functools.cache
 def devices() -> tuple:
     """The PJRT devices lazytpu uses (all of one platform)."""
@@ -64,17 +72,52 @@ def devices() -> tuple:
     present = _present()
     wanted = _config.PLATFORM.get()
     if wanted is not None:
-        if wanted not in _PREFERENCE:
-            raise RuntimeError(f"LAZYTPU_PLATFORM={wanted!r}: expected one of {', '.join(_PREFERENCE)}")
         if wanted not in present:
-            raise RuntimeError(
-                f"LAZYTPU_PLATFORM={wanted!r} but no {wanted} device is present; present: {', '.join(present)}"
-            )
+            raise _absent(wanted, present)
         return tuple(present[wanted])
     for name in _PREFERENCE:
         if name in present:
             return tuple(present[name])
     raise RuntimeError("no PJRT device found")
+
+
+# Note [Platform at import]: a platform named by LAZYTPU_PLATFORM that this
+# machine cannot have is an error at ``import lazytpu``, not at the first
+# sync. Without starting a PJRT client: starting one at import would hold
+# the chips (a spawned DataLoader worker that imports the script would then
+# fail to get them) and would come before ``init_process_group`` must start
+# JAX's multi-process runtime. So the check reads what JAX itself reads to
+# suggest a missing plugin (PCI devices, device files) and JAX_PLATFORMS;
+# a platform whose hardware is there but whose client fails to start is
+# reported when the device is first used.
+
+
+def _hardware_visible() -> dict[str, bool]:
+    try:
+        from jax._src import hardware_utils as hw
+
+        tpu = hw.num_available_tpu_chips_and_device_id()[0] > 0 or bool(glob.glob("/dev/accel*"))
+        gpu = hw.has_visible_nvidia_gpu() or hw.num_available_amd_gpus(stop_at=1) != 0
+    except Exception:  # JAX moved its probes: judge nothing at import
+        return dict.fromkeys(_PREFERENCE, True)
+    return {"tpu": tpu, "gpu": gpu, "cpu": True}
+
+
+def possible_platforms() -> tuple[str, ...]:
+    """The platforms this process may have, best first (Note [Platform at import])."""
+    allowed = jax.config.jax_platforms
+    names = {_JAX_ALIASES.get(p.strip(), p.strip()) for p in allowed.split(",")} if allowed else set(_PREFERENCE)
+    visible = _hardware_visible()
+    return tuple(n for n in _PREFERENCE if n in names and visible[n])
+
+
+def check_requested_platform() -> None:
+    """Raise at import when LAZYTPU_PLATFORM names a platform this machine lacks."""
+    wanted = _config.PLATFORM.get()
+    if wanted is not None:
+        possible = possible_platforms()
+        if wanted not in possible:
+            raise _absent(wanted, possible)
 
 
 def device(index: int = 0):
