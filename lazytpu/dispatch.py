@@ -82,10 +82,10 @@ def infer_meta(func, template, values):
 
     Note [Meta errors]: meta kernels sometimes word errors differently from
     the CPU kernels (they come from torch._refs). On a meta failure the op is
-    re-run on uninitialized CPU tensors of the same shapes, so that the error
+    re-run on CPU zeros of the same shapes, so that the error
     raised is the one CPU torch users see. If the CPU run succeeds where meta
     had no kernel (or a stricter one), ``MetaUnavailable`` is raised: the CPU
-    run's shapes are not trusted, since they may depend on the (garbage) data.
+    run's shapes are not trusted, since they may depend on the (stand-in) data.
     """
     key = (func, template, tuple(_describe(v) for v in values))
     hit = _META_MEMO.get(key)
@@ -114,9 +114,13 @@ def _run_on(func, template, values, device: str):
         if type(v) is Scalar:
             return v.value
         if type(v) is LazyTensor:  # same window on a storage of the same size
-            storage = torch.empty(v._lt_desc.storage_numel, dtype=v.dtype, device=device)
+            storage = new(v._lt_desc.storage_numel, dtype=v.dtype, device=device)
             return storage.as_strided(v.shape, v.stride(), v.storage_offset())
-        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device)
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device).zero_()
+
+    # zeros on CPU: an error must not depend on what uninitialized memory holds
+    # (a mask's count, a class index out of range)
+    new = torch.zeros if device == "cpu" else torch.empty
 
     args, kwargs = fill(template, [convert(v) for v in values])
     if is_tpu_device(kwargs.get("device")):
@@ -412,22 +416,6 @@ def _check_generator(kwargs) -> None:
 # -- the dispatcher ------------------------------------------------------------
 
 
-# Advanced indexing takes index tensors on the CPU for a tensor of any
-# device, as on CUDA (``x[torch.randperm(n)]``, ``x[idx] = v``); other ops
-# with index arguments (``index_select``, ``gather``) raise torch's device error.
-_CPU_INDEX_OPS = frozenset(
-    {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
-)
-
-
-def _indices_to_device(args):
-    device = args[0].device
-    indices = [
-        i.to(device) if isinstance(i, torch.Tensor) and type(i) is not LazyTensor and i.dim() else i for i in args[1]
-    ]
-    return (args[0], indices, *args[2:])
-
-
 _COPY = aten.copy_.default
 
 
@@ -444,8 +432,10 @@ def dispatch(func, args, kwargs):
     """Resolve one op (Note [Resolution order])."""
     if STEPS_DUE and _ends_step_wait(func, args):
         run_due_steps()
-    if func in _CPU_INDEX_OPS and len(args) > 1 and type(args[0]) is LazyTensor:
-        args = _indices_to_device(args)
+    if func in INDEX_OPS and len(args) > 1 and type(args[0]) is LazyTensor:
+        args, out = prepare_indexing(func, args, kwargs)  # Note [Advanced indexing]
+        if out is not None:
+            return out
     rule = _RECORDED.get(func)
     if rule is not None:  # the common case first: one dict lookup
         try:
@@ -580,6 +570,7 @@ set_dispatcher(dispatch, failed_outputs)
 
 # These modules import the recording functions above, so they come last.
 from lazytpu import foreach, handlers  # noqa: E402,F401  (handlers registers the dispatch-level handlers)
+from lazytpu.advanced_indexing import INDEX_OPS, prepare_indexing  # noqa: E402
 from lazytpu.foreach import run_foreach  # noqa: E402,F401  (also the compile backend's decomposition)
 from lazytpu.inplace import _INPLACE, _functional_of, _is_inplace, _out_args, _run_inplace, _run_out  # noqa: E402
 from lazytpu.views import _view_kind, run_inplace_view, run_view  # noqa: E402

@@ -231,6 +231,9 @@ def _run_out(func, functional, args, kwargs):
     _check_generator(kwargs)
     names = _out_args(func)
     outs = [kwargs[n] for n in names]
+    listed = len(outs) == 1 and isinstance(outs[0], (list, tuple))  # ``Tensor(a!)[] out`` (split_copy)
+    if listed:
+        outs = list(outs[0])
     for dst in outs:
         if type(dst) is LazyTensor:
             check_overlap(func, args, kwargs, dst)
@@ -245,4 +248,6 @@ def _run_out(func, functional, args, kwargs):
             raise RuntimeError(f"Expected out tensor to be on tpu, but found it on {dst.device}")
         resize_to(dst, src.shape, warn=warn)
         write(dst, src)
+    if listed:
+        return None
     return outs[0] if len(outs) == 1 else tuple(outs)

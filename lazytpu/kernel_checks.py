@@ -21,7 +21,14 @@ _KERNEL_ERRORS = re.compile(
     r"|can't be cast to the desired output type"
     r"|Integer division with addcdiv|doesn't support tensors of type|(from|to - 1) is out of bounds for"
     r"|Expected reduction dim|sorter must be a tensor of long dtype"  # cummax of a scalar, searchsorted's sorter
+    # index, target and mask dtypes of the indexing ops (_INDEX_CHECKED)
+    r"|Expected dtype int(32|64)\S* (or int64 )?for index|Expected a long tensor for index"
+    r"|expected target dtype to be|only supports boolean masks|Converting complex Scalar to non-complex"
 )
+
+# Indexing ops whose CPU kernels check their index (or mask) dtype, and a
+# complex fill value, where meta kernels do not.
+_INDEX_CHECKED = frozenset({"index_add", "index_copy", "index_fill", "index_select", "put", "masked_scatter"})
 
 
 # Op families whose CPU kernels check what meta kernels skip, and that are
@@ -341,7 +348,7 @@ def _check_kernel_dtypes(func, template, values) -> None:
     stand-ins, none after."""
 
     family = func._schema.name.split("::")[-1]
-    if family in _KERNEL_CHECKED or family in _DIM_CHECKED:
+    if family in _KERNEL_CHECKED or family in _INDEX_CHECKED or family in _DIM_CHECKED:
         stand_ins = _CHECKED
     elif family in _KERNEL_CHECKED_ON_SHAPES:
         stand_ins = _SHAPED

@@ -63,6 +63,8 @@ def _put_masked(x, p, mask, values, accumulate):
     rest = x.shape[p + k :]
     nd = p + 1 + len(rest)
     v = values.reshape((1,) * (nd - values.ndim) + values.shape)
+    if v.shape[p] == 0:  # no True element (torch checked the count at the call)
+        return x
     if v.shape[p] == 1:
         v = v.reshape(v.shape[:p] + (1,) * k + v.shape[p + 1 :])
     else:

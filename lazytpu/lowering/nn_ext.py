@@ -409,8 +409,8 @@ def _ctc_forward(log_probs, targets, input_lengths, target_lengths, blank):
 
     def step(prev, xs):
         e, t = xs
-        p1 = jnp.concatenate([jnp.full((n, 1), neg_inf), prev[:, :-1]], axis=1)
-        p2 = jnp.concatenate([jnp.full((n, 2), neg_inf), prev[:, :-2]], axis=1)
+        p1 = jnp.concatenate([jnp.full((n, 1), neg_inf), prev], axis=1)[:, :width]  # width 1: no targets
+        p2 = jnp.concatenate([jnp.full((n, 2), neg_inf), prev], axis=1)[:, :width]
         new = jnp.where(valid, _lse(prev, p1, jnp.where(skip, p2, neg_inf)) + e, neg_inf)
         new = jnp.where((t < il)[:, None], new, neg_inf)
         return new, new

@@ -58,6 +58,10 @@ def view_dtype(x, dtype):
     target = jnp.dtype(_dtypes.to_jax(dtype))
     if target == x.dtype:
         return x
+    if x.dtype == jnp.bool_:  # XLA bitcasts no bools; torch stores a bool as the byte 0 or 1
+        return view_dtype(x.astype(jnp.uint8), dtype)
+    if target == jnp.bool_:
+        return view_dtype(x, torch.uint8) != 0
     if x.ndim == 0 or target.itemsize == x.dtype.itemsize:
         return lax.bitcast_convert_type(x, target)
     if target.itemsize < x.dtype.itemsize:  # each element becomes several
