@@ -14,7 +14,9 @@ import torch
 from conftest import MODES, mode
 
 from lazytpu import _dtypes
+from lazytpu.ir import Aval
 from lazytpu.lowering.casts import convert
+from lazytpu.lowering.program import cast_to
 
 pytestmark = pytest.mark.filterwarnings("ignore:Casting complex values to real discards the imaginary part")
 
@@ -54,6 +56,14 @@ def test_convert_matches_cpu_torch(source, target):
     x = _values(source, n=64)  # long and contiguous: CPU torch's vectorized loop
     got = convert(_to_jax(x), _dtypes.to_jax(target))
     assert torch.equal(torch.from_numpy(np.array(got)), _expected(x, target))
+
+
+@pytest.mark.parametrize("target", INTS, ids=str)
+def test_result_cast_of_every_rule_matches_cpu_torch(target):
+    """The wrapper around the rules casts a result to the dtype torch's meta kernel inferred."""
+    x = _values(torch.float64)
+    got = cast_to(_to_jax(x), Aval(tuple(x.shape), target))
+    assert torch.equal(torch.from_numpy(np.array(got)), x.to(target))
 
 
 # Every place a cast happens on tpu: a function of a float source and an integer target.

@@ -5,7 +5,8 @@ saturating (NaN -> 0, 1e20 -> INT_MAX); CPU torch (x86_64) truncates with
 the CPU's own instruction (``cvttss2si``/``cvttsd2si`` and their vector
 forms), which gives the "integer indefinite" value, INT_MIN of the width it
 converts to, for NaN, +-inf and anything out of range. Measured on torch
-2.13 (AVX512 and scalar paths agree; sizes 1, 15 and 4096, contiguous):
+2.13, the same with ATEN_CPU_CAPABILITY=avx512, avx2 and default, for
+tensors of 1, 15 and 4096 elements (scalar and vectorized loops agree):
 
 - int32 and int64 targets: ``trunc(x)`` when ``-2**(b-1) <= x < 2**(b-1)``,
   else ``-2**(b-1)`` (int32 of NaN, 1e20, -1e20 -> -2**31);
@@ -17,6 +18,8 @@ converts to, for NaN, +-inf and anything out of range. Measured on torch
 - complex: the real part, as above (the imaginary part is discarded);
 - bool: ``x != 0``, so NaN is True (XLA's convert already agrees).
 
+The rule is written in XLA ops, so every platform (tpu, gpu, cpu) gives
+x86_64 CPU torch's values (an aarch64 build of torch saturates instead).
 uint32 and uint64 targets keep XLA's convert: CPU torch's own vectorized
 and scalar paths disagree there (float32 NaN -> uint32 is 2**31 in a tensor
 of 4096, 0 in a tensor of 1).
