@@ -19,7 +19,8 @@ tensors of 1, 15 and 4096 elements (scalar and vectorized loops agree):
 - bool: ``x != 0``, so NaN is True (XLA's convert already agrees).
 
 The rule is written in XLA ops, so every platform (tpu, gpu, cpu) gives
-x86_64 CPU torch's values (an aarch64 build of torch saturates instead).
+x86_64 CPU torch's values (not measured on an aarch64 build of torch,
+whose conversion instructions saturate).
 uint32 and uint64 targets keep XLA's convert: CPU torch's own vectorized
 and scalar paths disagree there (float32 NaN -> uint32 is 2**31 in a tensor
 of 4096, 0 in a tensor of 1).
