@@ -22,6 +22,7 @@ _COUNTERS = (
     "programs_executed",
     "cache_hits",
     "cache_misses",
+    "programs_evicted",
     "disk_cache_hits",
     "disk_cache_misses",
     "bytes_to_device",
@@ -72,7 +73,7 @@ def snapshot() -> dict[str, Any]:
     Returns:
         A dict with ``ops_recorded``, ``syncs`` (a dict by reason),
         ``programs_compiled``, ``programs_executed``, ``cache_hits``,
-        ``cache_misses``, ``cpu_fallbacks`` (a dict by op), ``compile_seconds``,
+        ``cache_misses``, ``programs_evicted``, ``cpu_fallbacks`` (a dict by op), ``compile_seconds``,
         ``execute_seconds``, ``bytes_to_device`` and ``bytes_from_device``.
     """
     for fold in _FOLDERS:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 import warnings
@@ -9,24 +10,75 @@ import warnings
 import jax
 from jax.sharding import SingleDeviceSharding
 
-from lazytpu import _caches, metrics
+from lazytpu import _caches, _config, metrics
 from lazytpu.runtime import persistent
 from lazytpu.runtime.platform import device
 
 
 class _ProgramCache:
-    """In-memory cache of compiled executables, keyed by program key."""
+    """In-memory cache of compiled executables, keyed by program key.
+
+    Note [Program cache bound]: each compiled program holds a few MB and tens
+    of memory mappings (XLA:CPU's code for it) until it is dropped, and the
+    kernel allows a process 65,530 mappings: an unbounded cache crashed a loop
+    over a few hundred distinct shapes. At most ``LAZYTPU_PROGRAM_CACHE_SIZE``
+    programs are kept; past it the least recently used one is evicted, and
+    nothing else holds it (the ``jax.jit`` object and the ``Lowered`` die
+    with ``_compile``), so its memory is released. Evictions are counted
+    (``programs_evicted``); an evicted program needed again means the
+    workload cycles over more programs than the bound: warned once.
+    """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.entries: dict = {}
+        self.entries: collections.OrderedDict = collections.OrderedDict()
+        self.evicted: collections.OrderedDict = collections.OrderedDict()  # hashes of evicted keys
         self.hits = 0
         self.misses = 0
+        self.evictions = 0
+        self.warned = False
 
     def clear(self) -> None:
         with self.lock:
             self.entries.clear()
-            self.hits = self.misses = 0
+            self.evicted.clear()
+            self.hits = self.misses = self.evictions = 0
+            self.warned = False
+
+    def lookup(self, key):
+        with self.lock:
+            compiled = self.entries.get(key)
+            if compiled is not None:
+                self.entries.move_to_end(key)
+                self.hits += 1
+            return compiled
+
+    def insert(self, key, compiled) -> None:
+        bound = max(1, _config.PROGRAM_CACHE_SIZE.get())
+        with self.lock:
+            self.misses += 1
+            again = self.evicted.pop(hash(key), False)
+            self.entries[key] = compiled
+            dropped = []
+            while len(self.entries) > bound:
+                old, program = self.entries.popitem(last=False)
+                dropped.append(program)
+                self.evicted[hash(old)] = True
+                self.evictions += 1
+            while len(self.evicted) > bound:
+                self.evicted.popitem(last=False)
+            warn, self.warned = again and not self.warned, self.warned or again
+        if dropped:
+            metrics.add("programs_evicted", len(dropped))
+        del dropped  # released here, outside the lock
+        if warn:
+            warnings.warn(
+                f"lazytpu: a compiled program evicted from the in-memory program cache "
+                f"(LAZYTPU_PROGRAM_CACHE_SIZE={bound}) was needed again and compiled again: this workload "
+                "cycles over more distinct programs than the cache holds; a larger LAZYTPU_PROGRAM_CACHE_SIZE "
+                "saves these compiles (at a few MB of memory per program)",
+                stacklevel=5,
+            )
 
 
 _CACHE = _ProgramCache()
@@ -72,17 +124,13 @@ def execute(
 def run_program(key, compile_fn, args: list, blocking: bool = False):
     """Run the cached program ``key`` on ``args``, compiling it with
     ``compile_fn()`` on a miss (also the runner of ``distributed.ingraph``)."""
-    compiled = _CACHE.entries.get(key)
+    compiled = _CACHE.lookup(key)
     if compiled is None:
         metrics.add("cache_misses")
         compiled = compile_fn()
-        with _CACHE.lock:
-            _CACHE.misses += 1
-            _CACHE.entries[key] = compiled
+        _CACHE.insert(key, compiled)
     else:
         metrics.add("cache_hits")
-        with _CACHE.lock:
-            _CACHE.hits += 1
     start = time.perf_counter()
     outputs = compiled(*args)
     if blocking:
@@ -93,14 +141,16 @@ def run_program(key, compile_fn, args: list, blocking: bool = False):
 
 
 def cache_info() -> dict:
-    """The program caches: in-memory entries, hits and misses; disk entries
-    and bytes."""
+    """The program caches: in-memory entries, hits, misses, evictions and
+    the bound (``size``); disk entries and bytes."""
     disk_entries, disk_bytes = persistent.disk_usage()
     with _CACHE.lock:
         return {
             "entries": len(_CACHE.entries),
             "hits": _CACHE.hits,
             "misses": _CACHE.misses,
+            "evictions": _CACHE.evictions,
+            "size": max(1, _config.PROGRAM_CACHE_SIZE.get()),
             "disk_entries": disk_entries,
             "bytes": disk_bytes,
         }
