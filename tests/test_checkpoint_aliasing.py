@@ -17,6 +17,8 @@ import pytest
 import torch
 import torch.nn as nn
 
+import lazytpu
+
 DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.bool)
 
 
@@ -159,6 +161,18 @@ def test_separate_saves_do_not_share(tmp_path):
         torch.save(x.t(), tmp_path / f"{device}_t.pt")
         loaded[device] = [torch.load(tmp_path / f"{device}_{name}.pt") for name in ("x", "rows", "t")]
     assert_loaded_like_cpu(loaded["tpu"], loaded["cpu"], "tpu")
+
+
+def test_save_reads_each_storage_once():
+    """The pending tensors are computed by one sync, and each storage is read
+    back once for all the tensors on it."""
+    x = _base("tpu").reshape(4, 6)
+    y = x * 2
+    before = lazytpu.metrics.snapshot()
+    torch.save({"y": y, "t": y.t(), "row": y[1], "x": x, "x_cols": x[:, 2:]}, io.BytesIO())
+    after = lazytpu.metrics.snapshot()
+    assert after["syncs"].get("save", 0) - before["syncs"].get("save", 0) == 1
+    assert after["bytes_from_device"] - before["bytes_from_device"] == 2 * 24 * 4
 
 
 def test_tpu_checkpoint_loads_on_cpu_without_lazytpu(tmp_path):
