@@ -278,17 +278,25 @@ def _host_list(t):
     return (hostio.to_cpu(t, "data_dependent") if type(t) is LazyTensor else t).reshape(-1).tolist()
 
 
+def _host_lengths(input_lengths, target_lengths) -> tuple[list, list]:
+    """CTC's lengths as host lists, as torch's CPU kernel reads them, after
+    its check of their dtypes (made before any read)."""
+    for name, t in (("input_lengths", input_lengths), ("target_lengths", target_lengths)):
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+            raise RuntimeError(f"{name} must be integral")
+    return _host_list(input_lengths), _host_list(target_lengths)
+
+
 @handles(aten._ctc_loss.Tensor)
 def ctc_loss_lengths(func, args, kwargs):
-    """The lengths as host lists, as torch's CPU kernel reads them."""
     lp, targets, il, tl, *rest = args
-    return aten._ctc_loss.default(lp, targets, _host_list(il), _host_list(tl), *rest, **kwargs)
+    return aten._ctc_loss.default(lp, targets, *_host_lengths(il, tl), *rest, **kwargs)
 
 
 @handles(aten._ctc_loss_backward.Tensor)
 def ctc_loss_backward_lengths(func, args, kwargs):
     grad, lp, targets, il, tl, *rest = args
-    return aten._ctc_loss_backward.default(grad, lp, targets, _host_list(il), _host_list(tl), *rest, **kwargs)
+    return aten._ctc_loss_backward.default(grad, lp, targets, *_host_lengths(il, tl), *rest, **kwargs)
 
 
 @handles(aten.rrelu_with_noise.default)

@@ -10,16 +10,18 @@ supported dtype) two kinds of bad argument are made, one at a time:
   set to an out-of-range value: ``ndim``, ``ndim + 1`` and ``-ndim - 1``
   (of the sample's first tensor; one element of a list of dims at a time);
 - each integer tensor argument (an index, a target, lengths) cast to
-  float32, int32, int16 and uint8.
+  float32, int32, int16, uint8 and bool.
 
 Each call runs on CPU torch and, where CPU raises, on ``tpu`` (defer mode;
 results are read with ``.cpu()`` so deferred work runs). A line is printed
 for each case where CPU raises and ``tpu`` computes (a missing check: see
-Note [Kernel checks] in lazytpu/kernel_checks.py), then for each case where
-both raise with a different exception type, then the counts and the
-runtime. One sample per op, mutated argument and input rank is tried. Not
-part of the test suite: a survey for the next fix; names on the command
-line restrict it to those op_db entries.
+Note [Kernel checks] in lazytpu/kernel_checks.py), then each case where
+both raise with a different exception type, and each where the messages
+differ, then the counts and the runtime. Each bad argument is tried on the
+first sample of each input rank that CPU rejects with it. Not part of the
+test suite: a survey for the next fix; names on the command line restrict
+it to those op_db entries. With ndim = 0, the out-of-range values are those
+of ndim = 1 (a scalar takes dims -1 and 0).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import time
 _START = time.perf_counter()
 
 import inspect  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 import warnings  # noqa: E402
 
@@ -59,7 +62,7 @@ DIM_NAMES = frozenset(
         "dims_other",
     }
 )
-INDEX_DTYPES = (torch.float32, torch.int32, torch.int16, torch.uint8)
+INDEX_DTYPES = (torch.float32, torch.int32, torch.int16, torch.uint8, torch.bool)
 _INT_TYPES = frozenset({"int", "int[]", "Optional[int]", "List[int]", "Optional[List[int]]", "int[1]", "int[2]"})
 
 
@@ -73,7 +76,7 @@ def _outcome(call) -> tuple[str, str] | None:
         _read(call())
         torch.tpu.synchronize()
     except Exception as exc:  # noqa: BLE001 - any error counts as rejecting the call
-        return type(exc).__name__, str(exc).splitlines()[0][:110] if str(exc) else ""
+        return type(exc).__name__, str(exc)
     return None
 
 
@@ -180,10 +183,19 @@ def _on_tpu(op, inp, args, kwargs):
     return tpu
 
 
+def _line(message: str) -> str:
+    return message.splitlines()[0][:110] if message else ""
+
+
+def _tpu_as_cpu(message: str) -> str:
+    return re.sub(r"(?<![a-z])tpu(:0)?(?![a-z])", "cpu", message)
+
+
 def sweep(names=()):
     """Yield ``(kind, case, CPU's outcome, tpu's outcome)`` for each case that
-    differs: kind is ``missing`` (CPU raises, tpu computes) or ``type``
-    (both raise, different exception types)."""
+    differs: kind is ``missing`` (CPU raises, tpu computes), ``type`` (both
+    raise, different exception types) or ``message`` (the same type, another
+    message)."""
     for op in op_db:
         if names and op.name not in names:
             continue
@@ -207,20 +219,25 @@ def sweep(names=()):
                     yield "missing", case, cpu, tpu
                 elif tpu[0] != cpu[0]:
                     yield "type", case, cpu, tpu
+                elif _tpu_as_cpu(tpu[1]) != cpu[1]:
+                    yield "message", case, cpu, tpu
 
 
 def main(argv) -> int:
     warnings.simplefilter("ignore")
-    found = {"missing": [], "type": []}
+    found = {"missing": [], "type": [], "message": []}
     for kind, case, cpu, tpu in sweep(frozenset(argv)):
         found[kind].append((case, cpu, tpu))
         if kind == "missing":
-            print(f"{case}: CPU raises {cpu[0]}: {cpu[1]}", flush=True)
+            print(f"{case}: CPU raises {cpu[0]}: {_line(cpu[1])}", flush=True)
     for case, cpu, tpu in found["type"]:
-        print(f"{case}: CPU raises {cpu[0]}, tpu {tpu[0]}: {tpu[1]}")
+        print(f"{case}: CPU raises {cpu[0]}, tpu {tpu[0]}: {_line(tpu[1])}")
     print(f"{sum(TRIED.values())} bad calls that CPU torch rejects, over {len(TRIED)} op_db names")
     print(f"{len(found['missing'])} cases where CPU torch raises and tpu computes")
+    for case, cpu, tpu in found["message"]:
+        print(f"{case}: CPU raises {cpu[0]}: {_line(cpu[1])}; tpu: {_line(tpu[1])}")
     print(f"{len(found['type'])} cases where both raise with different exception types")
+    print(f"{len(found['message'])} cases where both raise the same type with different messages")
     print(f"{time.perf_counter() - _START:.0f}s (imports included)")
     return 0
 

@@ -205,6 +205,18 @@ AT_CALL_CASES = {
     "diagonal_scatter_dim1": lambda d: torch.diagonal_scatter(_t(2, 3, 4).to(d), _t(4, 2).to(d), 0, 3, 0),
     "diagonal_scatter_dim2": lambda d: torch.diagonal_scatter(_t(2, 3, 4).to(d), _t(2, 2).to(d), 0, 0, -4),
     "index_select_scalar_dim": lambda d: torch.index_select(_t().to(d), 1, torch.zeros(1, dtype=torch.int64).to(d)),
+    "ctc_loss_float_input_lengths": lambda d: F.ctc_loss(
+        _t(5, 2, 4).to(d).log_softmax(2),
+        torch.ones(2, 3).long().to(d),
+        torch.full((2,), 5.0).to(d),
+        torch.full((2,), 3).to(d),
+    ),
+    "ctc_loss_bool_target_lengths": lambda d: F.ctc_loss(
+        _t(5, 2, 4).to(d).log_softmax(2),
+        torch.ones(2, 3).long().to(d),
+        torch.full((2,), 5).to(d),
+        torch.ones(2).bool().to(d),
+    ),
     "searchsorted_int32_sorter": lambda d: torch.searchsorted(
         _t(3).to(d), _t(2).to(d), sorter=torch.tensor([0, 1, 2], dtype=torch.int32).to(d)
     ),
