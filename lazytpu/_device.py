@@ -12,7 +12,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils import _foreach_utils
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from lazytpu import _config, autocast, hostio, sdpa, tpu
+from lazytpu import _config, autocast, bounds, hostio, sdpa, tpu
 from lazytpu.dispatch import record
 from lazytpu.engine import context
 from lazytpu.lowering import get_rule
@@ -115,6 +115,7 @@ def register() -> None:
     lib.impl("_copy_from", _copy_from, "PrivateUse1")
     lib.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
     sdpa.register(lib)
+    bounds.register(lib)
     _registered.append(lib)  # keep the library alive
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(_backend_fallback, "PrivateUse1")

@@ -16,32 +16,21 @@ from __future__ import annotations
 
 import torch
 
-from lazytpu import _config, debug, dispatch, hostio
+from lazytpu import _config, debug, dispatch, hostio, value_checks
+from lazytpu.aliasing import read
 from lazytpu.dispatch import MetaUnavailable, handles, record
 from lazytpu.engine import DeferredCheck, context, located
 from lazytpu.fallback import DATA_DEPENDENT, cpu_fallback
 from lazytpu.ir import Output
+from lazytpu.ir.template import Slot, Template
 from lazytpu.lowering import get_rule
 from lazytpu.tensor import LazyTensor
+from lazytpu.value_checks import HOST_CHECKED
 
 aten = torch.ops.aten
 
 # ops that index with integer tensors (each checked op records as usual when the mode is off)
-CHECKED = (
-    aten.index.Tensor,
-    aten.index_put.default,
-    aten.gather.default,
-    aten.index_select.default,
-    aten.embedding.default,
-    aten.scatter.src,
-    aten.scatter.value,
-    aten.scatter_add.default,
-    aten.scatter_reduce.two,
-    aten.index_add.default,
-    aten.index_copy.default,
-    aten.take.default,
-    aten.nll_loss_forward.default,
-)
+CHECKED = HOST_CHECKED
 
 
 def enabled() -> bool:
@@ -113,3 +102,32 @@ def _check_later(func, args, kwargs, out) -> None:
             check()
         except (IndexError, RuntimeError) as exc:
             raise located(exc, str(func), where) from None
+
+
+def register(lib) -> None:
+    """Make ``one_hot`` reach lazytpu (``lib`` is _device's aten library):
+    torch decomposes it before any backend sees it, unless the backend has
+    a kernel of its own."""
+    lib.impl("one_hot", lambda x, num_classes=-1: one_hot(aten.one_hot.default, (x, num_classes), {}), "PrivateUse1")
+
+
+@handles(aten.one_hot.default)
+def one_hot(func, args, kwargs):
+    """``one_hot`` as torch computes it for CUDA (``eq`` against an
+    ``arange``; ``num_classes=-1`` reads the largest class, a sync), with
+    CPU torch's checks of the classes as value checks (Note [Value checks])."""
+    x, num_classes = (list(args) + [kwargs.get("num_classes", -1)])[:2]
+    if x.dtype is not torch.int64:
+        raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
+    if num_classes == -1:
+        num_classes = int(x.max().item()) + 1 if x.numel() else 0
+    out = aten.eq.Tensor(x.unsqueeze(-1), aten.arange.default(num_classes, device=x.device)).long()
+    checks = value_checks.plan(func, (x, num_classes), {}, Template((Slot(0), num_classes), ()), [x])
+    if checks is not None:
+        ctx = context(out.device.index or 0)
+        with ctx.graph.lock:
+            pending = out._lt_storage.value
+            node = pending.node if type(pending) is Output else None
+            checks.record(ctx, node, [read(x)], debug.location(), (out._lt_storage,))
+        ctx.flush_if_due()
+    return out

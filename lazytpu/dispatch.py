@@ -23,7 +23,7 @@ import warnings
 import torch
 from torch._decomp import decomposition_table
 
-from lazytpu import _caches, debug, hostio, metas, scalars
+from lazytpu import _caches, debug, hostio, metas, scalars, value_checks
 from lazytpu.aliasing import contiguous_strides, new_tensor_of, read
 from lazytpu.engine import RNG_AVAL, STEPS_DUE, context, run_due_steps
 from lazytpu.fallback import DATA_DEPENDENT, _map_tensors, cpu_fallback
@@ -252,6 +252,7 @@ class _Plan:
         "container",
         "device_index",
         "scalar_check",
+        "value_plan",
     )
 
     def __init__(self, func, template, meta_out, rule, device_index) -> None:
@@ -269,6 +270,7 @@ class _Plan:
         self.static = op_sig(func, template, out_avals)
         self.device_index = device_index
         self.scalar_check = None  # Note [Python integers wrap]: see scalars.per_call_check
+        self.value_plan = None  # Note [Value checks]
         if isinstance(meta_out, torch.Tensor):
             self.layout, self.container = None, None
         else:
@@ -373,6 +375,8 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: b
         if plan.random:
             inputs.append(ctx.rng_value())
         node = Node(func, plan.template, tuple(inputs), plan.out_avals, debug.location(3), plan.static)
+        if plan.value_plan is not None:
+            plan.value_plan.record(ctx, node, inputs)
         if plan.random:
             ctx.graph.rng = Output(node, len(plan.out_avals) - 1)
         if into is not None and plan.layout is None and plan.descs[0] is into._lt_desc:
@@ -395,10 +399,11 @@ def _make_plan(func, args, kwargs, rule, values) -> _Plan:
     if rule.random:
         plan = _Plan(func, template, meta_out, rule, _kwarg_device_index(kwargs))
         plan.scalar_check = scalars.random_check(func, template)
-        return plan
-    scalars.check_at_plan(func, args, kwargs, template, flat_values, meta_out)
-    plan = _Plan(func, template, meta_out, rule, _kwarg_device_index(kwargs))
-    plan.scalar_check = scalars.per_call_check(func, kwargs, template, flat_values, meta_out)
+    else:
+        scalars.check_at_plan(func, args, kwargs, template, flat_values, meta_out)
+        plan = _Plan(func, template, meta_out, rule, _kwarg_device_index(kwargs))
+        plan.scalar_check = scalars.per_call_check(func, kwargs, template, flat_values, meta_out)
+    plan.value_plan = value_checks.plan(func, args, kwargs, template, flat_values)
     return plan
 
 

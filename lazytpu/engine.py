@@ -22,6 +22,7 @@ import torch
 from lazytpu import _config, debug, metrics, runtime
 from lazytpu.fusion import FailedInput, build_program, op_node, split_roots
 from lazytpu.ir import Aval, Data, Node, Output, PendingGraph
+from lazytpu.ir.node import source_text
 from lazytpu.lowering import lower_program
 from lazytpu.runtime.platform import _ForkState, check_not_forked
 
@@ -77,6 +78,11 @@ class DeviceContext:
         # the group's mesh of processes instead of on this device alone.
         self.collective_runner = None
         self.checks: list = []  # Note [Deferred checks]
+        # Note [Value checks] (lazytpu.value_checks): recorded since the last flush, and computed
+        # but not read yet
+        self.value_checks: list = []
+        self.computed_checks: list = []
+        self.check_errors: list = []  # read, not raised yet
 
     def fold_metrics(self) -> None:
         with self.graph.lock:
@@ -149,6 +155,45 @@ class DeviceContext:
         with self.graph.lock:
             self.checks.append(check)
 
+    def watch_values(self, check) -> None:
+        """Read ``check`` (a ``value_checks.PendingValueCheck``) once a flush
+        has computed it (Note [Value checks])."""
+        self.value_checks.append(check)
+
+    def read_value_checks(self) -> None:
+        """Raise the first failed value check that the device has computed
+        (Note [Value checks]): never waits for the device. The values that
+        depend on the checked op fail with its error."""
+        with self.graph.lock:
+            self._read_value_checks()
+            errors, self.check_errors = self.check_errors, []
+        if errors:
+            raise errors[0]
+
+    def _read_value_checks(self) -> None:
+        """Read the value checks the device has computed into ``check_errors``
+        (a flush does too, to let go of them early; only a host read raises,
+        so that where an error shows does not depend on the device's timing)."""
+        errors, waiting = self.check_errors, []
+        for pending in self.computed_checks:
+            position = pending.position.value
+            if type(position) is not Data:  # its op failed: nothing to check
+                continue
+            if not position.buffer.is_ready():
+                waiting.append(pending)
+                continue
+            at = int(runtime.to_host(position.buffer))
+            if at < 0:
+                continue
+            value = runtime.to_host(pending.value.value.buffer).item()
+            error = located(
+                pending.plan.error(pending.check, at, value), str(pending.plan.func), source_text(pending.node.source)
+            )
+            errors.append(error)
+            reaching, _ = split_roots(pending.roots, [pending.node])
+            self.graph.fail_values(pending.settled + pending.extra, dict.fromkeys(reaching, error))
+        self.computed_checks = waiting
+
     def end_step(self) -> None:
         """The end of ``optimizer.step()``: a sync point, dispatched lazily
         (Note [Step boundary])."""
@@ -179,11 +224,19 @@ class DeviceContext:
             if not roots:
                 self.graph.forget_pending()  # whatever was pending is dead or materialized
                 return ()
+            if self.computed_checks:
+                self._read_value_checks()
             results, failures = self._run(roots, execute, first=True)
             checks, self.checks = self.checks, []
             checks = [c for c in checks if not any(g in failures for g in c.guards)]  # nothing to check
             guarded = [split_roots(list(results), [g.node for g in c.guards])[0] for c in checks]
             settled = self.graph.settle(results, failures)
+            if self.value_checks:
+                weak = self.graph.weakly(settled)
+                for pending in self.value_checks:
+                    pending.roots, pending.settled = roots, weak
+                self.computed_checks += self.value_checks
+                self.value_checks = []
             errors = list(dict.fromkeys(failures.values()))
             for check, reaching in zip(checks, guarded):
                 error = check.error()

@@ -57,7 +57,7 @@ def _host_base(t, reason: str) -> torch.Tensor:
     if isinstance(storage.value, Failed):
         raise RuntimeError(f"lazytpu: this tensor's value could not be computed: {storage.value.error}")
     array = runtime.to_host(storage.value.buffer)
-    if ctx.computed_checks:  # now that the read has waited for its program (Note [Value checks])
+    if ctx.computed_checks or ctx.check_errors:  # now that the read has waited for its program (Note [Value checks])
         ctx.read_value_checks()
     dtype = t.dtype if view_dtype(t) is None else storage.value.aval.dtype  # Note [Dtype views]
     bits = _BITS.get(dtype)

@@ -82,6 +82,7 @@ def synchronize(device=None) -> None:
     ctx = engine.context(_index(device))
     ctx.flush("synchronize")
     jax.block_until_ready(ctx.graph.live_buffers())
+    ctx.read_value_checks()  # all computed now (Note [Value checks])
 
 
 def manual_seed(seed: int) -> None:

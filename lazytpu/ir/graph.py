@@ -141,12 +141,15 @@ class PendingGraph:
         program is not kept): the next draw starts from the seed again.
 
         Returns:
-            ``(storage, the pending value it held)`` for each storage bound.
+            ``(storage, the pending value it held, the value bound)`` for each
+            storage bound.
         """
-        settled = [(s, s.value) for s in self.pending_storages()]
-        for storage, value in settled:
+        settled = []
+        for storage in self.pending_storages():
+            value = storage.value
             done = results.get(value)
             storage.value = done if done is not None else Failed(failures[value], value.aval)
+            settled.append((storage, value, storage.value))
         self.pending.clear()
         if isinstance(self.rng, Output):
             self.rng = results.get(self.rng)
@@ -154,10 +157,27 @@ class PendingGraph:
         return settled
 
     @staticmethod
+    def weakly(settled: list) -> list:
+        """``settle``'s result with weak references to the storages and the
+        buffers bound: kept until a value check is read, it must not keep them
+        alive (Note [Value checks])."""
+        return [
+            (weakref.ref(s), value, weakref.ref(bound.buffer)) for s, value, bound in settled if type(bound) is Data
+        ]
+
+    @staticmethod
     def fail_values(settled: list, failures: dict[Output, BaseException]) -> None:
-        """Re-bind the storages ``settle`` bound from a value in ``failures``
-        to ``Failed`` (a deferred check failed after the program ran)."""
-        for storage, value in settled:
+        """Re-bind the storages that ``settle`` (or ``weakly``) bound from a
+        value in ``failures`` to ``Failed`` (a check failed after the program
+        ran), unless they have been re-bound since."""
+        for storage, value, bound in settled:
             error = failures.get(value)
-            if error is not None and type(storage.value) is Data:
-                storage.value = Failed(error, value.aval)
+            if error is None:
+                continue
+            if type(storage) is weakref.ref:
+                storage, buffer = storage(), bound()
+                if storage is None or type(storage.value) is not Data or storage.value.buffer is not buffer:
+                    continue
+            elif storage.value is not bound:
+                continue
+            storage.value = Failed(error, value.aval)

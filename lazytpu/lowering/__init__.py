@@ -2,6 +2,7 @@
 
 from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
     attention,
+    checks,
     conv,
     elementwise,
     factories,

@@ -1,0 +1,63 @@
+"""The in-program value checks (Note [Value checks] in lazytpu.value_checks).
+
+``lazytpu.value_check`` computes, for one tensor an op reads, the flat
+position of its first bad element (``-1`` when every element is fine) and
+that element's value: two scalars, read by the host at the next host read.
+What "bad" means is a predicate per kind, a pure function of the tensor and
+static bounds.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from lazytpu.lowering.registry import lowering
+
+VALUE_CHECK = "lazytpu.value_check"
+
+
+def _out_of_range(x, lo, hi, ignore=None):
+    bad = (x < lo) | (x >= hi)
+    return bad if ignore is None else bad & (x != ignore)
+
+
+def _not_a_probability(x):
+    return ~(x >= 0) | jnp.isinf(x)  # NaN fails x >= 0
+
+
+def _row_sum_not_positive(x):
+    rows = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
+    return jnp.broadcast_to(~(rows.sum(-1, keepdims=True) > 0), rows.shape)
+
+
+def _outside_unit_interval(x):
+    return ~((x >= 0) & (x <= 1))
+
+
+def _negative(x):
+    return ~(x >= 0)
+
+
+def _zero(x):
+    return x == 0
+
+
+# kind -> predicate(x, *params): a boolean mask of the elements torch refuses
+PREDICATES = {
+    "range": _out_of_range,
+    "probability": _not_a_probability,
+    "row_sums": _row_sum_not_positive,
+    "unit_interval": _outside_unit_interval,
+    "non_negative": _negative,
+    "nonzero": _zero,
+}
+
+
+@lowering(VALUE_CHECK)
+def value_check(x, *, kind, params):
+    bad = PREDICATES[kind](x, *params).reshape(-1)
+    flat = x.reshape(-1)
+    if bad.shape[0] == 0:
+        return jnp.int64(-1), jnp.zeros((), x.dtype)
+    pos = jnp.argmax(bad)
+    return jnp.where(bad[pos], pos, -1).astype(jnp.int64), flat[pos]

@@ -1,0 +1,150 @@
+"""Note [Value checks]: CPU torch's checks that read data hold on tpu by default.
+
+The check is computed inside the op's program and read at the next host read:
+torch's exception type and message, naming the op and the line that recorded
+it; the values that depend on the op fail with it, every other value keeps
+its result, and no program is added or cut.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import MODES, mode, programs_run
+
+import lazytpu
+
+aten = torch.ops.aten
+X = torch.arange(6.0).reshape(3, 2)
+BAD = torch.tensor([0, 5])
+ONES = torch.ones(2, 2)
+
+# name -> (fn(dev), the op named in the error)
+CASES = {
+    "index": (lambda d: X.to(d)[BAD.to(d)], aten.index.Tensor),
+    "index_negative": (lambda d: X.to(d)[torch.tensor([0, -4]).to(d)], aten.index.Tensor),
+    "index_second_dim": (lambda d: X.to(d)[torch.tensor([0]).to(d), torch.tensor([2]).to(d)], aten.index.Tensor),
+    "setitem": (lambda d: X.to(d).__setitem__(BAD.to(d), 1.0), aten.index_put.default),
+    "index_put_accumulate": (
+        lambda d: X.to(d).index_put_((BAD.to(d),), torch.tensor(1.0).to(d), accumulate=True),
+        aten.index_put.default,
+    ),
+    "gather": (lambda d: torch.gather(X.to(d), 0, torch.tensor([[0, 5]]).to(d)), aten.gather.default),
+    "gather_negative": (lambda d: torch.gather(X.to(d), 1, torch.tensor([[0, -1]]).to(d)), aten.gather.default),
+    "index_select": (lambda d: X.to(d).index_select(0, BAD.to(d)), aten.index_select.default),
+    "embedding": (lambda d: F.embedding(BAD.to(d), X.to(d)), aten.embedding.default),
+    "scatter": (lambda d: X.to(d).scatter(0, torch.tensor([[5, 0]]).to(d), 1.0), aten.scatter.value),
+    "scatter_add_": (
+        lambda d: X.to(d).scatter_add_(0, torch.tensor([[5, 0]]).to(d), torch.ones(1, 2).to(d)),
+        aten.scatter_add.default,
+    ),
+    "scatter_reduce": (
+        lambda d: X.to(d).scatter_reduce(0, torch.tensor([[5, 0]]).to(d), torch.ones(1, 2).to(d), "amax"),
+        aten.scatter_reduce.two,
+    ),
+    "index_add_": (lambda d: X.to(d).index_add_(0, BAD.to(d), ONES.to(d)), aten.index_add.default),
+    "index_copy": (lambda d: X.to(d).index_copy(0, BAD.to(d), ONES.to(d)), aten.index_copy.default),
+    "index_fill": (lambda d: X.to(d).index_fill(0, BAD.to(d), 1.0), aten.index_fill.int_Scalar),
+    "take": (lambda d: torch.take(X.to(d), torch.tensor([7]).to(d)), aten.take.default),
+    "put_": (lambda d: X.to(d).put_(torch.tensor([-7]).to(d), torch.tensor([1.0]).to(d)), aten.put.default),
+    "cross_entropy": (lambda d: F.cross_entropy(X.to(d), torch.tensor([0, 5, 1]).to(d)), aten.nll_loss_forward.default),
+    "nll_loss_negative": (lambda d: F.nll_loss(X.to(d), torch.tensor([0, -1, 1]).to(d)), aten.nll_loss_forward.default),
+    "nll_loss2d": (
+        lambda d: F.nll_loss(torch.zeros(1, 3, 2, 2).to(d), torch.tensor([[[0, 5], [1, 1]]]).to(d)),
+        aten.nll_loss2d_forward.default,
+    ),
+    "one_hot": (lambda d: F.one_hot(BAD.to(d), 3), aten.one_hot.default),
+    "one_hot_negative": (lambda d: F.one_hot(torch.tensor([0, -1]).to(d), 3), aten.one_hot.default),
+    "multinomial_negative": (lambda d: torch.multinomial(torch.tensor([0.5, -0.1]).to(d), 1), aten.multinomial.default),
+    "multinomial_nan": (
+        lambda d: torch.multinomial(torch.tensor([0.5, float("nan")]).to(d), 1),
+        aten.multinomial.default,
+    ),
+    "multinomial_zero_row": (
+        lambda d: torch.multinomial(torch.tensor([[0.5, 0.5], [0.0, 0.0]]).to(d), 1),
+        aten.multinomial.default,
+    ),
+    "bernoulli": (lambda d: torch.bernoulli(torch.tensor([0.5, 1.5]).to(d)), aten.bernoulli.default),
+    "bernoulli_tensor_p": (
+        lambda d: torch.zeros(2).to(d).bernoulli_(torch.tensor([0.5, -1.5]).to(d)),
+        aten.bernoulli.Tensor,
+    ),
+    "normal_std": (
+        lambda d: torch.normal(torch.zeros(2).to(d), torch.tensor([1.0, -1.0]).to(d)),
+        aten.normal.Tensor_Tensor,
+    ),
+    "floor_divide": (lambda d: torch.tensor([1, 2]).to(d) // torch.tensor([1, 0]).to(d), aten.floor_divide.default),
+    "div_trunc": (
+        lambda d: torch.div(torch.tensor([1, 2]).to(d), torch.tensor([1, 0]).to(d), rounding_mode="trunc"),
+        aten.div.Tensor_mode,
+    ),
+    "remainder": (lambda d: torch.tensor([1, 2]).to(d) % torch.tensor([1, 0]).to(d), aten.remainder.Tensor),
+    "fmod": (lambda d: torch.fmod(torch.tensor([1, 2]).to(d), torch.tensor([1, 0]).to(d)), aten.fmod.Tensor),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("eager_mode", MODES)
+def test_bad_values_raise_torchs_error_at_the_next_host_read(name, eager_mode):
+    fn, op = CASES[name]
+    with pytest.raises(Exception) as expected:
+        fn("cpu")
+    keep = torch.arange(4.0).to("tpu")
+    keep.cpu()
+    with mode(eager_mode):
+        keep.mul_(2)  # a pending in-place update of a materialized tensor
+        line = fn.__code__.co_firstlineno
+        out = fn("tpu")  # not raised here: the values are on the device
+        unrelated = keep + 1
+        with pytest.raises(Exception) as actual:
+            unrelated.cpu()  # the next host read
+    assert type(actual.value) is type(expected.value)
+    assert str(actual.value) == f"{expected.value} ({op} recorded at {__file__}:{line})"
+    assert unrelated.cpu().tolist() == [1.0, 3.0, 5.0, 7.0]  # computed all the same
+    assert keep.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+    if isinstance(out, torch.Tensor):  # the op's own result carries the error
+        with pytest.raises(RuntimeError, match="could not be computed"):
+            out.cpu()
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda d: X.to(d)[torch.tensor([-3, 2]).to(d)],
+        lambda d: torch.take(X.to(d), torch.tensor([-6, 5]).to(d)),
+        lambda d: F.cross_entropy(X.to(d), torch.tensor([0, -100, 1]).to(d)),
+        lambda d: F.nll_loss(X.to(d), torch.tensor([0, 7, 1]).to(d), ignore_index=7),
+        lambda d: torch.multinomial(torch.tensor([0.0, 1.0]).to(d), 1),
+        lambda d: torch.bernoulli(torch.tensor([0.0, 1.0]).to(d)),
+        lambda d: torch.tensor([1.0, 2.0]).to(d) // torch.tensor([1.0, 0.0]).to(d),
+        lambda d: F.one_hot(torch.tensor([0, 2]).to(d), 3),
+        lambda d: X.to(d)[torch.tensor([], dtype=torch.long).to(d)],
+    ],
+)
+def test_good_values_pass(fn):
+    out = fn("tpu")
+    torch.tpu.synchronize()
+    assert out.cpu().shape == fn("cpu").shape
+
+
+def test_a_checked_step_runs_one_program_and_waits_for_nothing():
+    """The checks ride in the step's program; a flush does not read them, a host read does."""
+    emb = torch.nn.Embedding(10, 4).to("tpu")
+    head = torch.nn.Linear(4, 10).to("tpu")
+    tokens = torch.tensor([[1, 2, 3], [4, 5, 11]]).to("tpu")  # 11 is out of range
+    targets = torch.tensor([1, 2, 3, 4, 5, 6]).to("tpu")
+
+    def step(t):
+        return F.cross_entropy(head(emb(t)).reshape(-1, 10), targets)
+
+    good = torch.tensor([[1, 2, 3], [4, 5, 6]]).to("tpu")
+    step(good).item()
+    assert programs_run(lambda: step(good).item()) == 1
+    loss = step(tokens)
+    lazytpu.sync()  # runs the program, reads nothing
+    with pytest.raises(IndexError, match=r"index out of range in self \(aten\.embedding\.default recorded at"):
+        loss.item()
+    with pytest.raises(RuntimeError, match="could not be computed"):
+        loss.item()  # the loss depends on the bad lookup
+    assert programs_run(lambda: step(good).item()) == 1  # and the next steps run as before
