@@ -1,10 +1,9 @@
-"""Index bounds checks, on request (``LAZYTPU_DEBUG=bounds``).
+"""Index bounds checks on the host, on request (``LAZYTPU_DEBUG=bounds``), and ``one_hot``.
 
-Note [Index bounds]: an integer index *tensor* out of range is not checked
-by default (docs/limitations.md): checking needs the index values on the
-host, which would end the program at every indexing op. As in XLA, gathers
-clamp and scatters drop such indices. With ``LAZYTPU_DEBUG=bounds`` every op
-below snapshots its integer index tensors when recorded and, once they are
+Note [Index bounds]: by default an integer index *tensor* is checked inside
+its program and the error raised at the next host read (Note [Value checks]
+in lazytpu.value_checks). With ``LAZYTPU_DEBUG=bounds`` every op below
+instead snapshots its integer index tensors when recorded and, once they are
 computed (at the next flush: Note [Deferred checks]), runs itself on the CPU
 with those indices and data-free stand-ins for the other tensors, so that
 torch raises its own error (type and message), with the ``file:line`` that
