@@ -157,6 +157,13 @@ PROGRAM_CACHE_SIZE = Flag(
     "Compiled programs kept in memory, least recently used evicted first (at least 1).",
 )
 
+VALUE_CHECKS = Flag(
+    "LAZYTPU_VALUE_CHECKS",
+    True,
+    _parse_bool,
+    "Check the values torch checks (indices, targets, probabilities, divisors) inside programs (0: off).",
+)
+
 DEBUG_ITEMS = ("bounds", "recompile")
 DEBUG = Flag(
     "LAZYTPU_DEBUG",
@@ -180,6 +187,7 @@ FLAGS: tuple[Flag, ...] = (
     MAX_PENDING_OPS,
     CACHE_DIR,
     PROGRAM_CACHE_SIZE,
+    VALUE_CHECKS,
     DEBUG,
     DUMP_DIR,
 )

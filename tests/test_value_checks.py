@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from conftest import MODES, mode, programs_run
 
 import lazytpu
+from lazytpu import _config
 
 aten = torch.ops.aten
 X = torch.arange(6.0).reshape(3, 2)
@@ -148,3 +149,10 @@ def test_a_checked_step_runs_one_program_and_waits_for_nothing():
     with pytest.raises(RuntimeError, match="could not be computed"):
         loss.item()  # the loss depends on the bad lookup
     assert programs_run(lambda: step(good).item()) == 1  # and the next steps run as before
+
+
+def test_checks_can_be_turned_off():
+    """LAZYTPU_VALUE_CHECKS=0: no check nodes, XLA's clamping (the speed ceiling of the checks)."""
+    with _config.VALUE_CHECKS.override(False):
+        out = X.to("tpu")[BAD.to("tpu")]
+        assert out.cpu().tolist() == [[0.0, 1.0], [4.0, 5.0]]  # index 5 clamped to 2
