@@ -140,23 +140,47 @@ def _mutations(op, sample):
         if k in DIM_NAMES:
             for bad in _bad_dims(a, ndim):
                 yield f"{k}={bad}", sample.input, args, {**kwargs, k: bad}
-    # integer tensors: indices, targets, lengths (one at a time, in the input too)
-    places = [("input", None)] + [("arg", i) for i in range(len(args))] + [("kwarg", k) for k in kwargs]
-    for where, key in places:
-        t = sample.input if where == "input" else args[key] if where == "arg" else kwargs[key]
-        if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int64, torch.int32):
-            continue
+    # integer tensors: indices, targets, lengths (one at a time, in the input
+    # too, and in a list such as index_put's indices)
+    call = (sample.input, tuple(args), kwargs)
+    for path, t in _integer_tensors(call):
         for dtype in INDEX_DTYPES:
-            if dtype == t.dtype:
-                continue
-            bad = t.to(dtype)
-            label = f"{where}{'' if key is None else key}:{str(dtype).removeprefix('torch.')}"
-            if where == "input":
-                yield label, bad, args, kwargs
-            elif where == "arg":
-                yield label, sample.input, (*args[:key], bad, *args[key + 1 :]), kwargs
-            else:
-                yield label, sample.input, args, {**kwargs, key: bad}
+            if dtype != t.dtype:
+                label = f"{'.'.join(map(str, path))}:{str(dtype).removeprefix('torch.')}"
+                yield (label, *_replaced(call, path, t.to(dtype)))
+
+
+def _integer_tensors(call):
+    """``(path, tensor)`` of the int64/int32 tensors of ``(input, args,
+    kwargs)``, at most one list deep; a path names the places on the way
+    (``input``, ``arg<i>``, ``kwarg<name>``, then an element's position)."""
+    inp, args, kwargs = call
+    tops = [(("input",), inp)] + [((f"arg{i}",), a) for i, a in enumerate(args)]
+    tops += [((f"kwarg{k}",), a) for k, a in kwargs.items()]
+    for path, x in tops:
+        inner = list(enumerate(x)) if isinstance(x, list | tuple) else [(None, x)]
+        for i, t in inner:
+            if isinstance(t, torch.Tensor) and t.dtype in (torch.int64, torch.int32):
+                yield (path if i is None else (*path, i)), t
+
+
+def _replaced(call, path, value):
+    """``call`` with the tensor at ``path`` replaced by ``value``."""
+    inp, args, kwargs = call
+    head, *rest = path
+
+    def put(x):
+        if not rest:
+            return value
+        return type(x)((value if j == rest[0] else a) for j, a in enumerate(x))
+
+    if head == "input":
+        return put(inp), args, kwargs
+    if head.startswith("arg"):
+        i = int(head[3:])
+        return inp, (*args[:i], put(args[i]), *args[i + 1 :]), kwargs
+    k = head[5:]
+    return inp, args, {**kwargs, k: put(kwargs[k])}
 
 
 def _samples(op):
