@@ -75,6 +75,9 @@ ENTRY_POINTS = {
     "setitem": lambda x, t: _setitem(torch.zeros(x.shape, dtype=t, device=x.device), x),
     "fill_tensor": lambda x, t: torch.zeros(3, dtype=t, device=x.device).fill_(x[1]),
     "complex_real_part": lambda x, t: torch.complex(x, torch.ones_like(x)).to(t),
+    "sum_dtype": lambda x, t: x.reshape(-1, 1).sum(1, dtype=t),
+    "prod_dtype": lambda x, t: x.reshape(-1, 1).prod(1, dtype=t),
+    "cumsum_dtype": lambda x, t: x.cumsum(0, dtype=t),
 }
 
 

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import torch
 
 from lazytpu import _dtypes
+from lazytpu.lowering.casts import convert
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
@@ -62,12 +63,12 @@ def count(x, ax) -> int:
 
 @lowering(aten.sum.default, aten.sum.dim_IntList)
 def sum_(x, dim=None, keepdim=False, *, dtype=None):
-    return jnp.sum(x.astype(acc_dtype(x, dtype)), axis=axes(x, dim), keepdims=keepdim)
+    return jnp.sum(convert(x, acc_dtype(x, dtype)), axis=axes(x, dim), keepdims=keepdim)
 
 
 @lowering(aten.nansum.default)
 def nansum(x, dim=None, keepdim=False, *, dtype=None):
-    x = x.astype(acc_dtype(x, dtype))
+    x = convert(x, acc_dtype(x, dtype))
     if jnp.issubdtype(x.dtype, jnp.inexact):
         x = jnp.where(jnp.isnan(x), 0, x)
     return jnp.sum(x, axis=axes(x, dim), keepdims=keepdim)
@@ -76,18 +77,18 @@ def nansum(x, dim=None, keepdim=False, *, dtype=None):
 @lowering(aten.mean.default, aten.mean.dim)
 def mean(x, dim=None, keepdim=False, *, dtype=None):
     ax = axes(x, dim)
-    total = jnp.sum(x.astype(acc_dtype(x, dtype)), axis=ax, keepdims=keepdim)
+    total = jnp.sum(convert(x, acc_dtype(x, dtype)), axis=ax, keepdims=keepdim)
     return total / count(x, ax)
 
 
 @lowering(aten.prod.default)
 def prod(x, *, dtype=None):
-    return jnp.prod(x.astype(acc_dtype(x, dtype)))
+    return jnp.prod(convert(x, acc_dtype(x, dtype)))
 
 
 @lowering(aten.prod.dim_int)
 def prod_dim(x, dim, keepdim=False, *, dtype=None):
-    return jnp.prod(x.astype(acc_dtype(x, dtype)), axis=axes(x, dim), keepdims=keepdim)
+    return jnp.prod(convert(x, acc_dtype(x, dtype)), axis=axes(x, dim), keepdims=keepdim)
 
 
 # -- extrema -------------------------------------------------------------------
@@ -219,14 +220,14 @@ def _scan_axis(x, dim) -> int | None:
 @lowering(aten.cumsum.default)
 def cumsum(x, dim, *, dtype=None):
     axis = _scan_axis(x, dim)
-    x = x.astype(acc_dtype(x, dtype))
+    x = convert(x, acc_dtype(x, dtype))
     return x if axis is None else jnp.cumsum(x, axis=axis)
 
 
 @lowering(aten.cumprod.default)
 def cumprod(x, dim, *, dtype=None):
     axis = _scan_axis(x, dim)
-    x = x.astype(acc_dtype(x, dtype))
+    x = convert(x, acc_dtype(x, dtype))
     return x if axis is None else jnp.cumprod(x, axis=axis)
 
 
