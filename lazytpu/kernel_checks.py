@@ -207,7 +207,7 @@ _DIM_CHECKED = frozenset(
         "cummin",
         "select_scatter",
         "diagonal_scatter",
-        "index_select",  # of a scalar
+        # index_select of a scalar too: checked as one of _INDEX_CHECKED
     }
 )
 
@@ -343,9 +343,10 @@ def _check_kernel_dtypes(func, template, values) -> None:
     (pooling, upsampling, convolution, grid_sample) get real shapes with a
     batch of 0 or 1 after one element fails their size checks (``_SHAPED``).
     Random ops draw on their stand-ins: the CPU generator's state is restored
-    after. ``make dtype-sweep`` lists the ops still missing
-    (``tests/dtype_sweep.py``): 403 cases before the one-element and shaped
-    stand-ins, none after."""
+    after. The same stand-ins check the dims of ``_DIM_CHECKED`` families
+    (Note [Dim checks]) and the index dtypes of ``_INDEX_CHECKED`` ones.
+    ``make dtype-sweep`` lists the ops still missing (``tests/dtype_sweep.py``):
+    403 cases before the one-element and shaped stand-ins, none after."""
 
     family = func._schema.name.split("::")[-1]
     if family in _KERNEL_CHECKED or family in _INDEX_CHECKED or family in _DIM_CHECKED:

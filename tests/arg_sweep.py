@@ -30,6 +30,7 @@ import time
 
 _START = time.perf_counter()
 
+import collections  # noqa: E402
 import inspect  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
@@ -81,7 +82,7 @@ def _outcome(call) -> tuple[str, str] | None:
 
 
 def _is_dim_type(arg) -> bool:
-    return str(arg.type) in _INT_TYPES or str(arg.type).replace(" ", "") in _INT_TYPES
+    return str(arg.type).replace(" ", "") in _INT_TYPES
 
 
 def _positional_dim_slots(op) -> frozenset:
@@ -192,10 +193,6 @@ def _samples(op):
         return []
 
 
-# Cases tried (CPU raises) per op_db entry name.
-TRIED: dict = {}
-
-
 def _on_tpu(op, inp, args, kwargs):
     """tpu's outcome with every tensor moved there (kwargs too: a weight, a
     mask), or with the input alone moved where an argument must stay on the
@@ -215,11 +212,12 @@ def _tpu_as_cpu(message: str) -> str:
     return re.sub(r"(?<![a-z])tpu(:0)?(?![a-z])", "cpu", message)
 
 
-def sweep(names=()):
+def sweep(names=(), tried: collections.Counter | None = None):
     """Yield ``(kind, case, CPU's outcome, tpu's outcome)`` for each case that
     differs: kind is ``missing`` (CPU raises, tpu computes), ``type`` (both
     raise, different exception types) or ``message`` (the same type, another
-    message)."""
+    message). ``tried`` counts the bad calls CPU rejects, per op_db name."""
+    tried = collections.Counter() if tried is None else tried
     for op in op_db:
         if names and op.name not in names:
             continue
@@ -235,7 +233,7 @@ def sweep(names=()):
                 if cpu is None:
                     continue
                 seen.add(what)
-                TRIED[op.name] = TRIED.get(op.name, 0) + 1
+                tried[op.name] += 1
                 tpu = _on_tpu(op, inp, args, kwargs)
                 name = f"{op.name}{'.' + op.variant_test_name if op.variant_test_name else ''}"
                 case = f"{name} ndim={rank} {label}"
@@ -250,13 +248,14 @@ def sweep(names=()):
 def main(argv) -> int:
     warnings.simplefilter("ignore")
     found = {"missing": [], "type": [], "message": []}
-    for kind, case, cpu, tpu in sweep(frozenset(argv)):
+    tried = collections.Counter()
+    for kind, case, cpu, tpu in sweep(frozenset(argv), tried):
         found[kind].append((case, cpu, tpu))
         if kind == "missing":
             print(f"{case}: CPU raises {cpu[0]}: {_line(cpu[1])}", flush=True)
     for case, cpu, tpu in found["type"]:
         print(f"{case}: CPU raises {cpu[0]}, tpu {tpu[0]}: {_line(tpu[1])}")
-    print(f"{sum(TRIED.values())} bad calls that CPU torch rejects, over {len(TRIED)} op_db names")
+    print(f"{tried.total()} bad calls that CPU torch rejects, over {len(tried)} op_db names")
     print(f"{len(found['missing'])} cases where CPU torch raises and tpu computes")
     for case, cpu, tpu in found["message"]:
         print(f"{case}: CPU raises {cpu[0]}: {_line(cpu[1])}; tpu: {_line(tpu[1])}")
