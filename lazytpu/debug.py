@@ -18,6 +18,7 @@ import hashlib
 import os
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 from lazytpu import _caches, _config, metrics
@@ -318,16 +319,59 @@ def clear() -> None:
     _HISTORY.clear()
 
 
+# Note [Dump directory]: a ``LAZYTPU_DUMP_DIR`` that cannot be written (a
+# file, a path under a file, no permission) gives one warning and dumps stop;
+# the programs themselves still compile and run.
+class _DumpDirs:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.broken: set[str] = set()
+
+    def clear(self) -> None:
+        with self.lock:
+            self.broken.clear()
+
+
+_DUMP_DIRS = _DumpDirs()
+_caches.register("broken_dump_dirs", _DUMP_DIRS.clear)
+
+
+def dump_dir() -> Path | None:
+    """``LAZYTPU_DUMP_DIR``, or None when unset or found unwritable."""
+    raw = _config.DUMP_DIR.get()
+    if not raw or raw in _DUMP_DIRS.broken:
+        return None
+    return Path(raw)
+
+
+def write_dump(name: str, files: dict[str, str]) -> None:
+    """Write ``files`` (suffix -> text) to ``LAZYTPU_DUMP_DIR`` as
+    ``<name>.<suffix>`` (Note [Dump directory])."""
+    root = dump_dir()
+    if root is None:
+        return
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for suffix, content in files.items():
+            (root / f"{name}.{suffix}").write_text(content)
+    except OSError as exc:
+        raw = _config.DUMP_DIR.get()
+        with _DUMP_DIRS.lock:
+            first = raw not in _DUMP_DIRS.broken
+            _DUMP_DIRS.broken.add(raw)
+        if first:
+            warnings.warn(
+                f"lazytpu: cannot write program dumps to LAZYTPU_DUMP_DIR={root} ({exc}); "
+                "programs run, but are not dumped",
+                stacklevel=2,
+            )
+
+
 def dump_program(lowered, files: dict[str, str]) -> None:
     """With ``LAZYTPU_DUMP_DIR`` set, write a compiled program's StableHLO and
     ``files`` (suffix -> text) there, named by the hash of the StableHLO."""
-    dump_dir = _config.DUMP_DIR.get()
-    if not dump_dir:
+    if dump_dir() is None:
         return
-    root = Path(dump_dir)
-    root.mkdir(parents=True, exist_ok=True)
     text = lowered.as_text()
     name = hashlib.sha256(text.encode()).hexdigest()[:16]
-    for suffix, content in files.items():
-        (root / f"{name}.{suffix}").write_text(content)
-    (root / f"{name}.stablehlo.mlir").write_text(text)
+    write_dump(name, {**files, "stablehlo.mlir": text})

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from pathlib import Path
 
-from lazytpu import _caches, _config, debug
+from lazytpu import _caches, debug
 
 __all__ = ["explain", "clear"]
 
@@ -82,12 +81,9 @@ def _dump_graph(program, parts: tuple) -> None:
     """With ``LAZYTPU_DUMP_DIR`` set, write the graph's code as ``<hash>.fx.py``
     (named by code and signature; the programs holding it are dumped by the
     engine, Note [Graphs as nodes])."""
-    dump_dir = _config.DUMP_DIR.get()
-    if dump_dir:
-        root = Path(dump_dir)
-        root.mkdir(parents=True, exist_ok=True)
+    if debug.dump_dir() is not None:
         name = hashlib.sha256((program.code + repr(parts)).encode()).hexdigest()[:16]
-        (root / f"{name}.fx.py").write_text(program.code)
+        debug.write_dump(name, {"fx.py": program.code})
 
 
 def observe_compile(program, parts: tuple) -> bool:

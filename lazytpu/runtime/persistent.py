@@ -1,30 +1,58 @@
 """The on-disk cache of compiled programs (``LAZYTPU_CACHE_DIR``).
 
-An entry is keyed by the SHA-256 of the program's StableHLO text, the JAX
-version and the device kind, so the same program in a fresh process loads
-instead of compiling. Note [Cache integrity]: the directory is created 0700
-and entries 0600; an entry is loaded only if it is owned by this user, not
-writable by others, and its header names the expected key and the SHA-256 of
-its payload. Anything else is ignored with a warning (and recompiled) —
-never executed.
+An entry is keyed by the SHA-256 of the program's StableHLO text, the call's
+signature, the JAX version and the device, so the same program in a fresh
+process loads instead of compiling.
+
+Note [Cache integrity]: an entry holds XLA's own serialized executable (the
+bytes of the PJRT client's ``serialize``, compressed as JAX's own persistent
+cache compresses them) behind a header naming its key and the SHA-256 of the
+payload. Nothing in it is unpickled: ``jax.experimental.serialize_executable``
+pickles (its ``deserialize_and_load`` would run whatever a crafted entry
+names), so it is not used. A loaded executable still runs machine code that
+the entry holds, so an entry is trusted only when nobody but this user can
+have written it: the directory must be owned by this user and not writable
+by group or others (it is created 0700), and an entry must be a regular file
+(symlinks are refused: opened with ``O_NOFOLLOW``), owned by this user, not
+writable by others, with the expected key and digest (entries are written
+0600). Anything else is ignored with a warning and compiled again. An
+unusable directory, or one that cannot be written (read-only: its entries
+are still loaded), gives one warning and the process carries on without that
+part of the cache.
+
+Note [Loading through jax]: the Python side of a compiled program (its
+input and output shardings, layouts, pruned inputs, the C++ dispatch path)
+is rebuilt by jax itself from the ``Lowered`` this process made anyway:
+``lowered.compile()`` runs with jax's persistent-cache hook (the module
+global ``jax._src.compilation_cache._cache``) set, for this one compile on
+this thread, to an object that hands jax the verified entry; jax then calls
+the PJRT client's ``deserialize_executable`` instead of compiling. The hook
+is restored right after, so jax's own cache (``jax_compilation_cache_dir``)
+and other threads' compiles are untouched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-import pickle
 import stat
 import tempfile
+import threading
+import time
 import warnings
 from pathlib import Path
 
+import attrs
 import jax
-from jax.experimental import serialize_executable
+from jax._src import compilation_cache as jax_cache
 
-from lazytpu import _config, metrics
+from lazytpu import _caches, _config, metrics
 
-_MAGIC = b"LAZYTPU-XLA-1\n"
+_MAGIC = b"LAZYTPU-XLA-2\n"
+_HEADER = len(_MAGIC) + 64 + 1 + 64  # magic, key, "\n", payload digest
+# What the payload is compressed with (jax_cache.compress_executable): part of the key.
+_COMPRESSION = "zstd" if jax_cache.zstd or jax_cache.zstandard else "zlib"
 
 
 def cache_dir() -> Path | None:
@@ -38,64 +66,179 @@ def cache_dir() -> Path | None:
     return Path(base) / "lazytpu"
 
 
-def _ensure_dir(path: Path) -> bool:
+def written_only_by_this_user(info: os.stat_result) -> bool:
+    """Whether ``info`` (a file's or directory's stat) says that nobody but
+    this user can have written it (Note [Cache integrity])."""
+    return info.st_uid == os.getuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+@attrs.define
+class _Directory:
+    """What this process found out about one cache directory (once)."""
+
+    path: Path
+    usable: bool
+    writable: bool = True
+
+
+class _Directories:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.known: dict[Path, _Directory] = {}
+
+    def clear(self) -> None:
+        with self.lock:
+            self.known.clear()
+
+
+_DIRECTORIES = _Directories()
+_caches.register("compile_cache_directories", _DIRECTORIES.clear)
+
+
+def _open_directory(path: Path) -> _Directory:
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = path.stat()
+        info = os.stat(path)
     except OSError as exc:
-        warnings.warn(f"lazytpu: compile cache disabled: cannot create {path}: {exc}", stacklevel=4)
-        return False
-    if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        warnings.warn(f"lazytpu: compile cache {path} is not private to this user; not using it", stacklevel=4)
-        return False
-    return True
+        warnings.warn(f"lazytpu: compile cache disabled: cannot create {path}: {exc}", stacklevel=5)
+        return _Directory(path, usable=False)
+    if not stat.S_ISDIR(info.st_mode) or not written_only_by_this_user(info):
+        warnings.warn(
+            f"lazytpu: compile cache {path} is not a directory private to this user "
+            "(owned by this user, not writable by group or others); not using it",
+            stacklevel=5,
+        )
+        return _Directory(path, usable=False)
+    return _Directory(path, usable=True)
+
+
+def _directory() -> _Directory | None:
+    root = cache_dir()
+    if root is None:
+        return None
+    with _DIRECTORIES.lock:
+        found = _DIRECTORIES.known.get(root)
+        if found is None:
+            found = _DIRECTORIES.known[root] = _open_directory(root)
+    return found if found.usable else None
 
 
 def _entry_key(text: str, device, signature: str) -> str:
     h = hashlib.sha256()
-    for part in (jax.__version__, device.platform, device.device_kind, str(device.id), signature, text):
+    parts = (_MAGIC.decode(), _COMPRESSION, jax.__version__, device.platform, device.device_kind, str(device.id))
+    for part in (*parts, signature, text):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
 
 
-def _load(path: Path, key: str, device):
+def _read_entry(path: Path, key: str) -> bytes:
+    """The verified payload of the entry at ``path``; raises ValueError
+    (FileNotFoundError when there is none) for anything untrusted."""
     try:
-        info = path.stat()
-        if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise ValueError("entry is not owned by this user or is writable by others")
-        blob = path.read_bytes()
-        if not blob.startswith(_MAGIC):
-            raise ValueError("bad header")
-        header, payload = blob[len(_MAGIC) : len(_MAGIC) + 129], blob[len(_MAGIC) + 129 :]
-        entry_key, digest = header[:64].decode(), header[65:129].decode()
-        if entry_key != key:
-            raise ValueError("key mismatch")
-        if hashlib.sha256(payload).hexdigest() != digest:
-            raise ValueError("payload digest mismatch (corrupted)")
-        serialized, in_tree, out_tree = pickle.loads(payload)
-        return serialize_executable.deserialize_and_load(serialized, in_tree, out_tree, execution_devices=[device])
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
-        return None
-    except Exception as exc:  # never execute what does not verify
-        warnings.warn(f"lazytpu: ignoring compile-cache entry {path.name}: {exc}", stacklevel=4)
-        return None
+        raise  # no entry: not news
+    except OSError as exc:  # ELOOP: a symlink
+        raise ValueError(f"cannot open it without following links: {exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if not written_only_by_this_user(info):
+            raise ValueError("not owned by this user, or writable by others")
+        blob = f.read()
+    if not blob.startswith(_MAGIC) or len(blob) < _HEADER:
+        raise ValueError("bad header")
+    header, payload = blob[len(_MAGIC) : _HEADER], blob[_HEADER:]
+    if header[:64].decode(errors="replace") != key:
+        raise ValueError("key mismatch")
+    if hashlib.sha256(payload).hexdigest() != header[65:].decode(errors="replace"):
+        raise ValueError("payload digest mismatch (corrupted)")
+    return payload
 
 
-def _store(path: Path, key: str, compiled) -> None:
+class _ServedEntry(jax_cache.CacheInterface):
+    """Jax's persistent-cache hook for one compile (Note [Loading through
+    jax]): the first lookup on the compiling thread gets the entry; every
+    other lookup goes to the hook that was there before."""
+
+    def __init__(self, payload: bytes, previous) -> None:
+        self._path = Path()
+        self.payload = payload
+        self.previous = previous
+        self.thread = threading.get_ident()
+        self.served = False
+
+    def get(self, key: str):
+        if threading.get_ident() == self.thread and not self.served:
+            self.served = True
+            return self.payload
+        return None if self.previous is None else self.previous.get(key)
+
+    def put(self, key: str, value: bytes) -> None:
+        if threading.get_ident() != self.thread and self.previous is not None:
+            self.previous.put(key, value)
+
+
+_HOOK_LOCK = threading.Lock()
+_JAX_READ_ERROR = "Error reading persistent compilation cache entry"
+
+
+@contextlib.contextmanager
+def _serving(payload: bytes):
+    with _HOOK_LOCK:
+        previous = jax_cache._cache
+        entry = jax_cache._cache = _ServedEntry(payload, previous)
+        try:
+            yield entry
+        finally:
+            jax_cache._cache = previous
+
+
+def _load(lowered, path: Path, payload: bytes):
+    """``lowered.compile()`` with the entry's executable, and whether it was
+    loaded (else jax compiled it: XLA refused the entry, or jax's cache hook
+    is off, ``jax_enable_compilation_cache=False``)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with _serving(payload) as entry:
+            compiled = lowered.compile()
+    loaded = entry.served
+    for w in caught:
+        if str(w.message).startswith(_JAX_READ_ERROR):
+            loaded = False
+            warnings.warn(f"lazytpu: ignoring compile-cache entry {path.name}: {w.message}", stacklevel=5)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return compiled, loaded
+
+
+def _store(root: _Directory, path: Path, key: str, compiled, seconds: float) -> None:
     try:
-        payload = pickle.dumps(serialize_executable.serialize(compiled))
+        serialized = compiled.runtime_executable().serialize()
     except Exception:  # some executables cannot be serialized: just don't cache them
         return
+    payload = jax_cache.compress_executable(jax_cache.combine_executable_and_time(serialized, int(seconds)))
     header = key.encode() + b"\n" + hashlib.sha256(payload).hexdigest().encode()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=root.path, prefix=".tmp-")
         with os.fdopen(fd, "wb") as f:
             f.write(_MAGIC + header + payload)
         os.chmod(tmp, 0o600)
         os.replace(tmp, path)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
+    except OSError as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        with _DIRECTORIES.lock:
+            first, root.writable = root.writable, False
+        if first:
+            warnings.warn(
+                f"lazytpu: cannot write to the compile cache {root.path} ({exc}): new programs are compiled "
+                "but not stored; entries already there are still loaded",
+                stacklevel=5,
+            )
 
 
 def load_or_compile(lowered, device, signature: str):
@@ -104,19 +247,34 @@ def load_or_compile(lowered, device, signature: str):
     ``signature`` describes the call (input avals, donation): the StableHLO
     text alone does not, since jit prunes unused inputs from it.
     """
-    root = cache_dir()
-    if root is None or not _ensure_dir(root):
+    root = _directory()
+    if root is None:
         return lowered.compile()
     key = _entry_key(lowered.as_text(), device, signature)
-    path = root / key
-    compiled = _load(path, key, device)
-    if compiled is not None:
-        metrics.add("disk_cache_hits")
-        return compiled
+    path = root.path / key
+    try:
+        payload = _read_entry(path, key)
+    except FileNotFoundError:
+        payload = None
+    except (OSError, ValueError) as exc:  # never load what does not verify
+        warnings.warn(f"lazytpu: ignoring compile-cache entry {path.name}: {exc}", stacklevel=4)
+        payload = None
+    start = time.monotonic()
+    if payload is not None:
+        compiled, loaded = _load(lowered, path, payload)
+        if loaded:
+            metrics.add("disk_cache_hits")
+            return compiled
+    else:
+        compiled = lowered.compile()
     metrics.add("disk_cache_misses")
-    compiled = lowered.compile()
-    _store(path, key, compiled)
+    if root.writable:
+        _store(root, path, key, compiled, time.monotonic() - start)
     return compiled
+
+
+def _entries(root: Path) -> list[Path]:
+    return [e for e in root.iterdir() if len(e.name) == 64 and e.is_file() and not e.is_symlink()]
 
 
 def clear() -> None:
@@ -124,9 +282,8 @@ def clear() -> None:
     root = cache_dir()
     if root is None or not root.is_dir():
         return
-    for entry in root.iterdir():
-        if entry.is_file() and len(entry.name) == 64:
-            entry.unlink(missing_ok=True)
+    for entry in _entries(root):
+        entry.unlink(missing_ok=True)
 
 
 def disk_usage() -> tuple[int, int]:
@@ -134,5 +291,5 @@ def disk_usage() -> tuple[int, int]:
     root = cache_dir()
     if root is None or not root.is_dir():
         return 0, 0
-    files = [e for e in root.iterdir() if e.is_file() and len(e.name) == 64]
+    files = _entries(root)
     return len(files), sum(e.stat().st_size for e in files)
