@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from conftest import MODES, mode
+from conftest import MODES, mode, no_fallback
 
 from lazytpu import _dtypes
 from lazytpu.ir import Aval
@@ -104,6 +104,16 @@ def test_to_dtype_on_tpu_matches_cpu_torch_for_every_pair(source):
     got = {t: x.to("tpu").to(t) for t in INTS}  # one program for every target
     for target, value in got.items():
         assert torch.equal(value.cpu(), x.to(target)), target
+
+
+@pytest.mark.parametrize("mode_name", MODES)
+def test_prims_convert_element_type_is_lowered(mode_name):
+    """What torch's _refs decompositions cast with: lowered (no CPU fallback), with CPU torch's values."""
+    x = _values(torch.float32)
+    with mode(mode_name), no_fallback():
+        got = {t: torch.ops.prims.convert_element_type(x.to("tpu"), t).cpu() for t in INTS}
+    for target, value in got.items():
+        assert torch.equal(value, torch.ops.prims.convert_element_type(x, target)), target
 
 
 def test_compiled_casts_match_cpu_torch():

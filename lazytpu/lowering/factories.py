@@ -206,6 +206,11 @@ def to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blo
     return x if dtype is None else convert(x, _dtypes.to_jax(dtype))
 
 
+@lowering(torch.ops.prims.convert_element_type)  # what torch's _refs decompositions cast with
+def convert_element_type(x, dtype):
+    return convert(x, _dtypes.to_jax(dtype))
+
+
 @lowering(aten.clone, aten.lift_fresh_copy, aten.alias_copy)
 def clone(x, *, memory_format=None):
     return x
