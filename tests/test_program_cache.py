@@ -82,7 +82,7 @@ def test_many_distinct_programs_run_at_flat_memory(bound):
     cache storing each one (conftest's cache directory)."""
     bound(4)
     _compiles(*range(301, 321))
-    first = next(iter(executor._CACHE.entries.values()))
+    first = next(iter(executor._CACHE.entries.values()))[0]
     evicted = weakref.ref(first)
     del first
     gc.collect()

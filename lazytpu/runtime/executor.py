@@ -31,8 +31,11 @@ class _ProgramCache:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.entries: collections.OrderedDict = collections.OrderedDict()
+        # key -> [compiled, tick of its last use]: a hit hashes its (large) key once, no
+        # reordering; an eviction (on a miss, beside a compile) scans for the oldest tick.
+        self.entries: dict = {}
         self.evicted: collections.OrderedDict = collections.OrderedDict()  # hashes of evicted keys
+        self.tick = 0
         self.hits = 0
         self.misses = 0
         self.evictions = 0
@@ -47,22 +50,26 @@ class _ProgramCache:
 
     def lookup(self, key):
         with self.lock:
-            compiled = self.entries.get(key)
-            if compiled is not None:
-                self.entries.move_to_end(key)
-                self.hits += 1
-            return compiled
+            entry = self.entries.get(key)
+            if entry is None:
+                return None
+            self.tick += 1
+            entry[1] = self.tick
+            self.hits += 1
+            return entry[0]
 
     def insert(self, key, compiled) -> None:
         bound = max(1, _config.PROGRAM_CACHE_SIZE.get())
         with self.lock:
             self.misses += 1
+            self.tick += 1
             again = self.evicted.pop(hash(key), False)
-            self.entries[key] = compiled
+            self.entries[key] = [compiled, self.tick]
             dropped = []
             while len(self.entries) > bound:
-                old, program = self.entries.popitem(last=False)
-                dropped.append(program)
+                old, entry = min(self.entries.items(), key=lambda item: item[1][1])
+                del self.entries[old]
+                dropped.append(entry)
                 self.evicted[hash(old)] = True
                 self.evictions += 1
             while len(self.evicted) > bound:
