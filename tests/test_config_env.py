@@ -47,6 +47,7 @@ BAD = [
     ("LAZYTPU_CPU_FALLBACK", "maybe", BOOLEAN),
     ("LAZYTPU_SYNC_ON_OPTIMIZER_STEP", "2", BOOLEAN),
     ("TORCH_TPU_DEFER_AND_FUSE", "defer", BOOLEAN),
+    ("LAZYTPU_VALUE_CHECKS", "no-thanks", BOOLEAN),
     ("TORCHTPU_EAGER_MODE", "turbo", " is not valid: expected one of defer, strict, strict-blocking"),
     ("LAZYTPU_DUMP_DIR", "{f}", NOT_A_DIR),
     ("LAZYTPU_DUMP_DIR", "{f}/sub", NOT_A_DIR),
