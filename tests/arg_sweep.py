@@ -7,8 +7,9 @@ supported dtype) two kinds of bad argument are made, one at a time:
 
 - each int ``dim``-like argument (keyword ``dim``/``dims``/``axis``/...,
   or a positional int the op's schema names ``dim``/``dim0``/``start_dim``/...)
-  set to an out-of-range value: ``ndim``, ``ndim + 1`` and ``-ndim - 1``
-  (of the sample's first tensor; one element of a list of dims at a time);
+  set to an out-of-range value: ``ndim``, ``ndim + 1``, ``ndim + 2``,
+  ``-ndim - 1`` and ``-ndim - 2`` (of the sample's first tensor; one
+  element of a list of dims at a time);
 - each integer tensor argument (an index, a target, lengths) cast to
   float32, int32, int16, uint8 and bool.
 
@@ -118,7 +119,8 @@ def _first_tensor(x):
 
 def _bad_dims(value, ndim: int):
     """Out-of-range variants of a dim argument (an int or a list of ints)."""
-    bad = (max(ndim, 1), max(ndim, 1) + 1, -max(ndim, 1) - 1)
+    n = max(ndim, 1)
+    bad = (n, n + 1, n + 2, -n - 1, -n - 2)  # n + 1 and -n - 1 are in range for unsqueeze and stack
     if type(value) is int:
         yield from bad
     elif isinstance(value, list | tuple) and value and all(type(v) is int for v in value):
