@@ -58,7 +58,13 @@ def prepare_indexing(func, args, kwargs) -> tuple[tuple, object]:
     args = (self, indices, *args[2:])
     masked = any(i is not None and i.dtype in _MASKS for i in indices)
     if func is aten.index.Tensor:
-        return args, (cpu_fallback(func, args, kwargs, data_dependent=True) if masked else None)
+        if masked:
+            return args, cpu_fallback(func, args, kwargs, data_dependent=True)
+        key = (_desc(self), tuple(None if i is None else _desc(i) for i in indices))
+        if key not in _CHECKED and len(indices) <= self.dim() and _index_dtypes_allowed(indices):
+            _result_shape(self, [None if i is None else tuple(i.shape) for i in indices])  # else meta's errors
+            _CHECKED.add(key)
+        return args, None
     values = args[2]
     accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
     key = (_desc(self), tuple(None if i is None else _desc(i) for i in indices), _desc(values), bool(accumulate))
@@ -67,9 +73,8 @@ def prepare_indexing(func, args, kwargs) -> tuple[tuple, object]:
     if len(indices) > self.dim():
         raise IndexError(f"too many indices for tensor of dimension {self.dim()} (got {len(indices)})")
     fills = not accumulate and values.numel() == 1 and _fills_one_mask(self, indices)
-    for i in indices:
-        if i is not None and i.dtype not in _INDEX_DTYPES:
-            raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+    if not _index_dtypes_allowed(indices):
+        raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
     if not masked:
         _check_put(self, [None if i is None else tuple(i.shape) for i in indices], values, fills)
         _CHECKED.add(key)
@@ -82,6 +87,10 @@ def prepare_indexing(func, args, kwargs) -> tuple[tuple, object]:
     else:
         _check_lone_mask(self, indices, alone, values, fills)
     return (self, indices, *args[2:]), None
+
+
+def _index_dtypes_allowed(indices) -> bool:
+    return all(i is None or i.dtype in _INDEX_DTYPES for i in indices)
 
 
 def _desc(t) -> tuple:
@@ -219,6 +228,8 @@ def _result_shape(self, shapes: list) -> tuple:
     placed = [d for d, s in enumerate(shapes) if s is not None]
     if not placed:
         return tuple(self.shape)
+    if 0 in [sizes[d] for d in placed] and 0 not in index_shape:  # no index is valid for an empty dim
+        raise IndexError("index is out of bounds for dimension with size 0")
     rest = [sizes[d] for d, s in enumerate(shapes) if s is None]
     if placed == list(range(placed[0], placed[-1] + 1)):
         first = placed[0]

@@ -153,6 +153,9 @@ CHECKS = {
     "too_many_indices_put": lambda d: torch.ops.aten.index_put(
         _t(3, 4).to(d), [torch.tensor([0]).to(d)] * 3, torch.ones(1).to(d)
     ),
+    "index_into_an_empty_dim": lambda d: torch.empty(10, 0).to(d)[:, [0, 1]],
+    "index_into_an_empty_dim_set": _put((10, 0), (slice(None), torch.tensor([0, 1])), 1.0),
+    "empty_index_into_an_empty_dim": lambda d: torch.empty(10, 0).to(d)[[], []],
     "value_shape_mismatch": _put((5, 5), torch.tensor([0, 1]), torch.ones(3, 5)),
     "value_shape_mismatch_apart": _put(
         (5, 4, 3), (torch.tensor([0, 1]), slice(None), torch.tensor([0, 1])), torch.ones(4, 2)
