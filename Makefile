@@ -41,9 +41,9 @@ coverage: $(STAMP)
 soak: $(STAMP)
 	$(BIN)/python examples/soak.py 2000
 
-# A long differential-fuzzing campaign of aliasing programs (random seed).
+# A long differential-fuzzing campaign of aliasing programs, with and without bad calls (random seed).
 fuzz: $(STAMP)
-	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-5000} FUZZ_RANDOM=1 $(BIN)/python -m pytest -q -s tests/test_fuzz_aliasing.py
+	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-5000} FUZZ_RANDOM=1 $(BIN)/python -m pytest -q -s tests/test_fuzz_aliasing.py tests/test_fuzz_errors.py
 
 # Ops that CPU torch rejects for a dtype and tpu computes (a survey, not a test).
 dtype-sweep: $(STAMP)

@@ -10,6 +10,10 @@ end, values printed (synced) along the way, and the types of errors raised.
 
 from __future__ import annotations
 
+import os
+
+import fuzzbad
+import hypothesis
 import torch
 
 # -- view steps: take a view of a pool tensor ---------------------------------
@@ -120,7 +124,7 @@ def _w_add_tensor(t, o, a):
 def _w_index_add(t, o, a):
     if t.dim() and t.shape[0]:
         idx = torch.tensor([a % t.shape[0]], device=t.device)
-        t.index_add_(0, idx, torch.ones((1,) + tuple(t.shape[1:]), device=t.device))
+        t.index_add_(0, idx, torch.ones((1,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device))
 
 
 def _w_t_(t, o, a):
@@ -168,13 +172,26 @@ def _n_clone(t, o, a):
 NEWS = [_n_binary, _n_unary, _n_reduce, _n_clone]
 
 
-def run_program(program, device: str):
-    """Interpret ``program`` on ``device``; return what it observed."""
+def run_program(program, device: str, bad_calls=()):
+    """Interpret ``program`` on ``device``; return what it observed.
+
+    With ``bad_calls`` (names in fuzzbad.BAD_CALLS) the pool also holds an
+    int64 tensor, a step of kind 4 makes one of those calls, recording
+    ``("bad", name, error type or None)``, and at the end every pool tensor
+    is written through once more and read again (Note [Alias probe])."""
     base = torch.arange(24, dtype=torch.float32).reshape(4, 6).to(device) - 8
     pool = [base]
+    if bad_calls:
+        pool.append(torch.arange(12).reshape(3, 4).to(device) - 5)
     observed = []
     for kind, i, j, a in program:
         t, o = pool[i % len(pool)], pool[j % len(pool)]
+        if bad_calls and kind % 5 == 4:
+            name = bad_calls[a % len(bad_calls)]
+            call = fuzzbad.BAD_CALLS[name](t, o, a // len(bad_calls))
+            if call is not None:
+                observed.append(("bad", name, _raised(call, read=name.startswith("data:"))))
+            continue
         try:
             if kind % 4 == 0:
                 out = VIEWS[a % len(VIEWS)](t, a // len(VIEWS))
@@ -187,20 +204,63 @@ def run_program(program, device: str):
                 pool.append(out)
             else:
                 observed.append(("sync", t.cpu().clone()))
-        except RuntimeError as exc:
+        except Exception as exc:  # noqa: BLE001 - compared with CPU's, whatever it is
             observed.append(("error", type(exc).__name__))
         if len(pool) > 12:
-            pool.pop(1)
+            pool.pop(1 + bool(bad_calls))
     observed += [("final", t.cpu().clone()) for t in pool]
+    if bad_calls:
+        observed += _probe(pool)
     return observed
 
 
+# Note [Alias probe]: values alone do not show that views still alias after
+# the errors (a view that lost its base reads the same until written). Each
+# pool tensor k is incremented by 2**k in place, then all are read: an element
+# holds the sum over the tensors that alias it, which names that set.
+def _probe(pool):
+    observed = []
+    for k, t in enumerate(pool):
+        try:
+            t.add_(2**k)
+        except Exception as exc:  # noqa: BLE001 - compared with CPU's
+            observed.append(("error", type(exc).__name__))
+    return observed + [("probe", t.cpu().clone()) for t in pool]
+
+
+def _raised(call, read: bool):
+    """The name of the exception type ``call()`` raises, else None; with
+    ``read`` an error may come at the host read of its result made at once."""
+    try:
+        out = call()
+        if read:
+            (out[0] if isinstance(out, tuple) else out).cpu()
+    except Exception as exc:  # noqa: BLE001 - compared with CPU's, whatever it is
+        return type(exc).__name__
+    return None
+
+
 def assert_same(actual, expected) -> None:
-    assert len(actual) == len(expected), (actual, expected)
-    for (ka, va), (ke, ve) in zip(actual, expected):
-        assert ka == ke, (ka, ke)
-        if ka == "error":
-            assert va == ve
+    """The observations of ``run_program`` on tpu and CPU agree, up to the first difference."""
+    for n, (got, want) in enumerate(zip(actual, expected)):
+        assert got[0] == want[0], (n, got, want)
+        if isinstance(want[-1], torch.Tensor):
+            va, ve = got[-1], want[-1]
+            assert va.shape == ve.shape and va.dtype == ve.dtype, (n, want[0], va.shape, ve.shape, va.dtype, ve.dtype)
+            torch.testing.assert_close(
+                va, ve, equal_nan=True, msg=lambda m, n=n, k=want[0]: f"observation {n} ({k}): {m}"
+            )
         else:
-            assert va.shape == ve.shape and va.dtype == ve.dtype, (va.shape, ve.shape)
-            torch.testing.assert_close(va, ve, equal_nan=True)
+            assert got == want, (n, got, want)
+    assert len(actual) == len(expected), (actual[len(expected) :], expected[len(actual) :])
+
+
+def fuzz_settings(examples: int) -> hypothesis.settings:
+    """The fuzzers' settings: ``examples`` programs, derandomized unless FUZZ_RANDOM is set (``make fuzz``)."""
+    return hypothesis.settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=not os.environ.get("FUZZ_RANDOM"),
+        database=None,
+        suppress_health_check=list(hypothesis.HealthCheck),
+    )

@@ -9,7 +9,7 @@ import os
 import hypothesis
 import hypothesis.strategies as st
 import torch
-from fuzzprog import assert_same, run_program
+from fuzzprog import assert_same, fuzz_settings, run_program
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "500"))
 RAN = {"programs": 0}
@@ -17,13 +17,7 @@ RAN = {"programs": 0}
 step = st.tuples(st.integers(0, 3), st.integers(0, 50), st.integers(0, 50), st.integers(0, 10_000))
 
 
-@hypothesis.settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=not os.environ.get("FUZZ_RANDOM"),
-    database=None,
-    suppress_health_check=list(hypothesis.HealthCheck),
-)
+@fuzz_settings(EXAMPLES)
 @hypothesis.given(st.lists(step, min_size=1, max_size=30))
 def test_programs_match_cpu(program):
     expected = run_program(program, "cpu")
