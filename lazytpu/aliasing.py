@@ -102,13 +102,13 @@ def write_value(t: LazyTensor, value) -> None:
     (``recorded``; Note [Donation]).
     """
     storage = t._lt_storage
-    if t._lt_window is None:
-        storage.bind(value)
-        return
     ctx = context(t.device.index or 0)
-    with ctx.graph.lock:
+    if t._lt_window is None:
+        storage.bind(value, ctx.graph)
+        return
+    with ctx.lock:
         node = _node(VIEW_WRITE, (storage.value, value), _window_kwargs(t), storage.value.aval)
-        storage.bind(Output(node, 0))
+        storage.bind(Output(node, 0), ctx.graph)
         size, stride, _ = t._lt_window
         # a window sharing locations reads back what the write resolved, not ``value`` (Note [Overlapping writes])
         t._lt_cache = None if overlaps_itself(size, stride) else (storage.value, value)

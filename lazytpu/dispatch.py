@@ -365,7 +365,8 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: b
         index = _device_index(values)
     ctx = context(index)
     # above this frame: dispatch, LazyTensor.__torch_dispatch__, then the caller (Note [Source locations])
-    with ctx.graph.lock:
+    with ctx.lock:
+        lane = ctx.lane_for([v._lt_storage for v in values if type(v) is LazyTensor])  # Note [Lanes]
         inputs = [
             (v._lt_storage.value if v._lt_window is None else read(v))
             if type(v) is LazyTensor
@@ -380,10 +381,10 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: b
         if plan.random:
             ctx.graph.rng = Output(node, len(plan.out_avals) - 1)
         if into is not None and plan.layout is None and plan.descs[0] is into._lt_desc:
-            into._lt_storage.bind(Output(node, 0))  # an in-place op: no tensor in between
+            into._lt_storage.bind(Output(node, 0), lane.graph)  # an in-place op: no tensor in between
             ctx.recorded(node)
             return into
-        graph = ctx.graph  # new_tensor_of, inlined: this is the per-op path
+        graph = lane.graph  # new_tensor_of, inlined: this is the per-op path
         outs = [LazyTensor(Storage(Output(node, i), graph, d.stride), d, index, True) for i, d in enumerate(plan.descs)]
         ctx.recorded(node, flush)
     return plan.pack(outs)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 
 import attrs
@@ -22,6 +23,7 @@ import torch
 from lazytpu import _config, debug, metrics, runtime
 from lazytpu.fusion import FailedInput, build_program, op_node, split_roots
 from lazytpu.ir import Aval, Data, Node, Output, PendingGraph
+from lazytpu.ir.graph import RandomCell
 from lazytpu.ir.node import source_text
 from lazytpu.lowering import lower_program
 from lazytpu.runtime.platform import _ForkState, check_not_forked
@@ -65,55 +67,137 @@ def _mode_from_env() -> EagerMode:
 RNG_AVAL = Aval((2,), torch.uint32)
 
 
+class Lane:
+    """One thread's pending work on a device (Note [Lanes]).
+
+    Note [Lanes]: each thread that records ops on a device has its own
+    pending graph, so that a sync of one thread runs that thread's ops alone:
+    threads that each train a model compile and compute exactly what they
+    would one after another (ops of several threads fused in one program
+    would make programs, and so compiles and rounding, depend on timing). The
+    main thread has the device's first lane. Autograd runs backward ops on a
+    thread of its own (Note [Graph ownership]), which borrows the lane of the
+    tensors each op reads, so a backward records into its forward's lane.
+    An op that reads a value still pending in another lane first runs that
+    lane (a tensor handed from one thread to another is computed once); a
+    tensor written by a thread moves to that thread's lane. The lanes of a
+    device share its lock, its random state and its buffers' donation
+    (Note [Donation]: a buffer another lane holds is never donated).
+    """
+
+    __slots__ = ("graph", "thread", "checks", "value_checks", "computed_checks", "check_errors", "collective_runner")
+
+    def __init__(self, graph: PendingGraph, thread: threading.Thread | None) -> None:
+        self.graph = graph
+        self.thread = None if thread is None else weakref.ref(thread)
+        self.checks: list = []  # Note [Deferred checks]
+        # Note [Value checks] (lazytpu.value_checks): recorded since the last flush, computed but not
+        # read yet, and read but not raised yet
+        self.value_checks: list = []
+        self.computed_checks: list = []
+        self.check_errors: list = []
+        # Note [In-graph collectives] (lazytpu.distributed.ingraph): set while the pending graph
+        # holds a collective; the next flush runs its program over the group's mesh of processes
+        # instead of on this device alone.
+        self.collective_runner = None
+
+    def idle(self) -> bool:
+        """A lane of a thread that ended, with nothing left in it (the main lane never is)."""
+        if self.thread is None:
+            return False
+        thread = self.thread()
+        return (thread is None or not thread.is_alive()) and not self.graph.live_storages()
+
+
 class DeviceContext:
-    """Everything one device owns (Note [Graph ownership])."""
+    """Everything one device owns (Note [Graph ownership], Note [Lanes])."""
 
     def __init__(self, index: int) -> None:
         self.index = index
-        self.graph = PendingGraph()
+        self.lock = threading.RLock()
+        self.random = RandomCell()
+        self.main = Lane(PendingGraph(self.lock, self.random), None)
+        self.lanes: dict[int, Lane] = {id(self.main.graph): self.main}  # by id of their graph
+        self._local = threading.local()
         self.seed = DEFAULT_SEED
         self.unfolded_ops = 0
-        # Note [In-graph collectives] (lazytpu.distributed.ingraph): set while the
-        # pending graph holds a collective; the next flush runs its program over
-        # the group's mesh of processes instead of on this device alone.
-        self.collective_runner = None
-        self.checks: list = []  # Note [Deferred checks]
-        # Note [Value checks] (lazytpu.value_checks): recorded since the last flush, and computed
-        # but not read yet
-        self.value_checks: list = []
-        self.computed_checks: list = []
-        self.check_errors: list = []  # read, not raised yet
+
+    # -- lanes ----------------------------------------------------------
+    def lane(self) -> Lane:
+        """The calling thread's lane (for autograd's thread: the one it borrowed last)."""
+        lane = getattr(self._local, "lane", None)
+        if lane is None:
+            thread = threading.current_thread()
+            if thread is threading.main_thread() or isinstance(thread, threading._DummyThread):
+                lane = self.main  # a thread torch started (autograd's) borrows lanes: see lane_for
+            else:
+                with self.lock:
+                    lane = Lane(PendingGraph(self.lock, self.random), thread)
+                    self.lanes = {k: v for k, v in self.lanes.items() if not v.idle()}
+                    self.lanes[id(lane.graph)] = lane
+            self._local.lane = lane
+            self._local.borrows = isinstance(thread, threading._DummyThread)
+        return lane
+
+    @property
+    def graph(self) -> PendingGraph:
+        """The calling thread's pending graph."""
+        return self.lane().graph
+
+    def lane_of(self, storage) -> Lane:
+        return self.lanes[id(storage.graph)]
+
+    def lane_for(self, storages: list) -> Lane:
+        """The lane an op reading tensors on ``storages`` records into (Note
+        [Lanes]): the caller's, or for autograd's thread that of the first
+        tensor read. Another lane that holds a pending input runs first."""
+        lane = self.lane()
+        if self._local.borrows and storages:
+            lane = self._local.lane = self.lanes[id(storages[0].graph)]
+        graph = lane.graph
+        for storage in storages:
+            if storage.graph is not graph and type(storage.value) is Output:
+                self.flush("cross_thread", lane=self.lane_of(storage))
+        return lane
+
+    @property
+    def collective_runner(self):
+        return self.lane().collective_runner
+
+    @collective_runner.setter
+    def collective_runner(self, runner) -> None:
+        self.lane().collective_runner = runner
 
     def fold_metrics(self) -> None:
-        with self.graph.lock:
+        with self.lock:
             if self.unfolded_ops:
                 metrics.add("ops_recorded", self.unfolded_ops)
                 self.unfolded_ops = 0
 
     # -- random state ---------------------------------------------------
     def manual_seed(self, seed: int) -> None:
-        with self.graph.lock:
+        with self.lock:
             self.seed = int(seed)
             key = np.asarray(jax.random.key_data(jax.random.PRNGKey(self.seed & 0xFFFFFFFFFFFFFFFF)))
-            self.graph.rng = Data(runtime.from_host(key.astype(np.uint32), self.index), RNG_AVAL)
+            self.random.value = Data(runtime.from_host(key.astype(np.uint32), self.index), RNG_AVAL)
 
     def rng_value(self):
-        if self.graph.rng is None:
+        if self.random.value is None:
             self.manual_seed(self.seed)
-        return self.graph.rng
+        return self.random.value
 
     def get_rng_state(self) -> np.ndarray:
-        with self.graph.lock:
+        with self.lock:
             value = self.rng_value()
             if isinstance(value, Output):
                 self.flush("rng_state")
-                value = self.graph.rng
+                value = self.random.value
             return runtime.to_host(value.buffer)
 
     def set_rng_state(self, state: np.ndarray) -> None:
-        with self.graph.lock:
+        with self.lock:
             array = np.asarray(state, dtype=np.uint32).reshape(2)
-            self.graph.rng = Data(runtime.from_host(array, self.index), RNG_AVAL)
+            self.random.value = Data(runtime.from_host(array, self.index), RNG_AVAL)
 
     # -- record / flush -------------------------------------------------
     def recorded(self, node: Node, flush: bool = True) -> None:
@@ -152,30 +236,33 @@ class DeviceContext:
         every other value keeps its result (Note [Failure isolation] in
         lazytpu.fusion). A check whose op failed is dropped.
         """
-        with self.graph.lock:
-            self.checks.append(check)
+        with self.lock:
+            self.lane().checks.append(check)
 
     def watch_values(self, check) -> None:
         """Read ``check`` (a ``value_checks.PendingValueCheck``) once a flush
         has computed it (Note [Value checks])."""
-        self.value_checks.append(check)
+        self.lane().value_checks.append(check)
 
     def read_value_checks(self) -> None:
-        """Raise the first failed value check that the device has computed
-        (Note [Value checks]): never waits for the device. The values that
-        depend on the checked op fail with its error."""
-        with self.graph.lock:
-            self._read_value_checks()
-            errors, self.check_errors = self.check_errors, []
+        """Raise the first failed value check of the calling thread's ops that
+        the device has computed (Note [Value checks]): never waits for the
+        device. The values that depend on the checked op fail with its error."""
+        lane = self.lane()
+        if not (lane.computed_checks or lane.check_errors):
+            return
+        with self.lock:
+            self._read_value_checks(lane)
+            errors, lane.check_errors = lane.check_errors, []
         if errors:
             raise errors[0]
 
-    def _read_value_checks(self) -> None:
+    def _read_value_checks(self, lane: Lane) -> None:
         """Read the value checks the device has computed into ``check_errors``
         (a flush does too, to let go of them early; only a host read raises,
         so that where an error shows does not depend on the device's timing)."""
-        errors, waiting = self.check_errors, []
-        for pending in self.computed_checks:
+        errors, waiting = lane.check_errors, []
+        for pending in lane.computed_checks:
             position = pending.position.value
             if type(position) is not Data:  # its op failed: nothing to check
                 continue
@@ -191,21 +278,23 @@ class DeviceContext:
             )
             errors.append(error)
             reaching, _ = split_roots(pending.roots, [pending.node])
-            self.graph.fail_values(pending.settled + pending.extra, dict.fromkeys(reaching, error))
-        self.computed_checks = waiting
+            lane.graph.fail_values(pending.settled + pending.extra, dict.fromkeys(reaching, error))
+        lane.computed_checks = waiting
 
     def end_step(self) -> None:
         """The end of ``optimizer.step()``: a sync point, dispatched lazily
         (Note [Step boundary])."""
         metrics.count("syncs", "optimizer_step")
-        with self.graph.lock:
-            if self.collective_runner is not None:  # every rank's program must run: no waiting
-                self.flush("optimizer_step", count=False)
-            elif self not in STEPS_DUE:
-                STEPS_DUE.append(self)
+        with self.lock:
+            lane = self.lane()
+            if lane.collective_runner is not None:  # every rank's program must run: no waiting
+                self.flush("optimizer_step", count=False, lane=lane)
+            elif lane not in STEPS_DUE:
+                STEPS_DUE[lane] = self
 
-    def flush(self, reason: str, count: bool = True) -> tuple:
-        """Materialize every live pending value in one program.
+    def flush(self, reason: str, count: bool = True, lane: Lane | None = None) -> tuple:
+        """Materialize every live pending value of ``lane`` (default: the
+        calling thread's, Note [Lanes]) in one program.
 
         ``count=False`` for a step boundary's flush, counted at the boundary.
 
@@ -213,40 +302,51 @@ class DeviceContext:
             The program's output buffers (still computing: dispatch is
             asynchronous), or ``()`` when nothing was pending.
         """
-        with self.graph.lock:
+        with self.lock:
+            lane = lane or self.lane()
+            graph = lane.graph
             self.fold_metrics()
-            if STEPS_DUE and self in STEPS_DUE:
-                STEPS_DUE.remove(self)
-            roots = self.graph.roots()
+            if STEPS_DUE:
+                STEPS_DUE.pop(lane, None)
+            roots = graph.roots()
             if count:
                 metrics.count("syncs", reason)
-            execute, self.collective_runner = self.collective_runner or runtime.execute, None
+            execute, lane.collective_runner = lane.collective_runner or runtime.execute, None
             if not roots:
-                self.graph.forget_pending()  # whatever was pending is dead or materialized
+                graph.forget_pending()  # whatever was pending is dead or materialized
                 return ()
-            if self.computed_checks:
-                self._read_value_checks()
+            if lane.computed_checks:
+                self._read_value_checks(lane)
             results, failures = self._run(roots, execute, first=True)
-            checks, self.checks = self.checks, []
+            checks, lane.checks = lane.checks, []
             checks = [c for c in checks if not any(g in failures for g in c.guards)]  # nothing to check
             guarded = [split_roots(list(results), [g.node for g in c.guards])[0] for c in checks]
-            settled = self.graph.settle(results, failures)
-            if self.value_checks:
-                weak = self.graph.weakly(settled)
-                for pending in self.value_checks:
+            settled = graph.settle(results, failures)
+            if lane.value_checks:
+                weak = graph.weakly(settled)
+                for pending in lane.value_checks:
                     pending.roots, pending.settled = roots, weak
-                self.computed_checks += self.value_checks
-                self.value_checks = []
+                lane.computed_checks += lane.value_checks
+                lane.value_checks = []
             errors = list(dict.fromkeys(failures.values()))
             for check, reaching in zip(checks, guarded):
                 error = check.error()
                 if error is not None:
                     errors.append(error)
                     failures.update(dict.fromkeys(reaching, error))
-                    self.graph.fail_values(settled, failures)
+                    graph.fail_values(settled, failures)
             if errors:  # the first failure, once: every value it reached keeps it
                 raise errors[0].with_traceback(None)
             return tuple(d.buffer for d in results.values())
+
+    def flush_all(self, reason: str) -> None:
+        """Flush every lane of this device (the calling thread's first)."""
+        with self.lock:
+            first = self.lane()
+            self.flush(reason, lane=first)
+            for lane in list(self.lanes.values()):
+                if lane is not first and lane.graph.pending:
+                    self.flush(reason, lane=lane)
 
     def _run(self, roots: list, execute, first: bool) -> tuple[dict, dict]:
         """Compile and run the program of ``roots``; on a failure, run again
@@ -262,7 +362,7 @@ class DeviceContext:
             return self._without(roots, [exc.node], exc.error, execute)
         # A retry donates nothing: a failed attempt may have left a donated input to a part
         # that still needs it.
-        held = self.graph.held_buffers() if first else None
+        held = set().union(*(lane.graph.held_buffers() for lane in self.lanes.values())) if first else None
         donate = (
             tuple(
                 i
@@ -428,14 +528,18 @@ def context(index: int = 0) -> DeviceContext:
 # in-graph collective (``lazytpu.distributed.ingraph``) is dispatched at once:
 # another rank may wait for it in a host collective (``dist.barrier()``)
 # without recording an op.
-STEPS_DUE: list[DeviceContext] = []
+# The lanes whose step ended, with their devices; each thread's next op
+# dispatches its own lane's step only (Note [Lanes]: another thread's op must
+# not dispatch it before that thread drops its gradients).
+STEPS_DUE: dict[Lane, DeviceContext] = {}
 
 
 def run_due_steps() -> None:
-    """Dispatch the programs of the steps that ended (Note [Step boundary])."""
-    check_not_forked()  # a forked child inherits the list, not the device
-    for ctx in list(STEPS_DUE):
-        ctx.flush("optimizer_step", count=False)
+    """Dispatch the programs of the calling thread's steps that ended (Note [Step boundary])."""
+    check_not_forked()  # a forked child inherits the table, not the device
+    for lane, ctx in list(STEPS_DUE.items()):
+        if lane is ctx.lane():
+            ctx.flush("optimizer_step", count=False, lane=lane)
 
 
 def _fold_all() -> None:
@@ -447,6 +551,6 @@ metrics.register_folder(_fold_all)
 
 
 def sync_all(reason: str) -> None:
-    """Flush every device."""
+    """Flush every device, every lane."""
     for ctx in list(_CONTEXTS.values()):
-        ctx.flush(reason)
+        ctx.flush_all(reason)

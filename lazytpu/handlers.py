@@ -55,7 +55,8 @@ def to_device(src: LazyTensor, index: int) -> LazyTensor:
     if src._lt_window is not None:
         src = src.clone(memory_format=torch.contiguous_format)
     if isinstance(src._lt_storage.value, Output):
-        context(src.device.index or 0).flush("device_copy")
+        ctx = context(src.device.index or 0)
+        ctx.flush("device_copy", lane=ctx.lane_of(src._lt_storage))
     value = src._lt_storage.value
     if isinstance(value, Failed):
         raise RuntimeError(f"lazytpu: this tensor's value could not be computed: {value.error}")

@@ -53,12 +53,11 @@ def _host_base(t, reason: str) -> torch.Tensor:
     storage = t._lt_storage
     ctx = context(t.device.index or 0)
     if isinstance(storage.value, Output):
-        ctx.flush(reason)
+        ctx.flush(reason, lane=ctx.lane_of(storage))  # the lane of the thread that computes it (Note [Lanes])
     if isinstance(storage.value, Failed):
         raise RuntimeError(f"lazytpu: this tensor's value could not be computed: {storage.value.error}")
     array = runtime.to_host(storage.value.buffer)
-    if ctx.computed_checks or ctx.check_errors:  # now that the read has waited for its program (Note [Value checks])
-        ctx.read_value_checks()
+    ctx.read_value_checks()  # now that the read has waited for its program (Note [Value checks])
     dtype = t.dtype if view_dtype(t) is None else storage.value.aval.dtype  # Note [Dtype views]
     bits = _BITS.get(dtype)
     if bits:

@@ -80,8 +80,8 @@ def _index(device) -> int:
 def synchronize(device=None) -> None:
     """Run everything pending on ``device`` and wait for it."""
     ctx = engine.context(_index(device))
-    ctx.flush("synchronize")
-    jax.block_until_ready(ctx.graph.live_buffers())
+    ctx.flush_all("synchronize")
+    jax.block_until_ready([b for lane in list(ctx.lanes.values()) for b in lane.graph.live_buffers()])
     ctx.read_value_checks()  # all computed now (Note [Value checks])
 
 

@@ -21,36 +21,41 @@ X = torch.arange(6.0).reshape(3, 2)
 BAD = torch.tensor([0, 5])
 ONES = torch.ones(2, 2)
 
+
+def _x(device: str) -> torch.Tensor:
+    return X.clone().to(device)  # a copy on CPU too: in-place cases must not change X
+
+
 # name -> (fn(dev), the op named in the error)
 CASES = {
-    "index": (lambda d: X.to(d)[BAD.to(d)], aten.index.Tensor),
-    "index_negative": (lambda d: X.to(d)[torch.tensor([0, -4]).to(d)], aten.index.Tensor),
-    "index_second_dim": (lambda d: X.to(d)[torch.tensor([0]).to(d), torch.tensor([2]).to(d)], aten.index.Tensor),
-    "setitem": (lambda d: X.to(d).__setitem__(BAD.to(d), 1.0), aten.index_put.default),
+    "index": (lambda d: _x(d)[BAD.to(d)], aten.index.Tensor),
+    "index_negative": (lambda d: _x(d)[torch.tensor([0, -4]).to(d)], aten.index.Tensor),
+    "index_second_dim": (lambda d: _x(d)[torch.tensor([0]).to(d), torch.tensor([2]).to(d)], aten.index.Tensor),
+    "setitem": (lambda d: _x(d).__setitem__(BAD.to(d), 1.0), aten.index_put.default),
     "index_put_accumulate": (
-        lambda d: X.to(d).index_put_((BAD.to(d),), torch.tensor(1.0).to(d), accumulate=True),
+        lambda d: _x(d).index_put_((BAD.to(d),), torch.tensor(1.0).to(d), accumulate=True),
         aten.index_put.default,
     ),
-    "gather": (lambda d: torch.gather(X.to(d), 0, torch.tensor([[0, 5]]).to(d)), aten.gather.default),
-    "gather_negative": (lambda d: torch.gather(X.to(d), 1, torch.tensor([[0, -1]]).to(d)), aten.gather.default),
-    "index_select": (lambda d: X.to(d).index_select(0, BAD.to(d)), aten.index_select.default),
-    "embedding": (lambda d: F.embedding(BAD.to(d), X.to(d)), aten.embedding.default),
-    "scatter": (lambda d: X.to(d).scatter(0, torch.tensor([[5, 0]]).to(d), 1.0), aten.scatter.value),
+    "gather": (lambda d: torch.gather(_x(d), 0, torch.tensor([[0, 5]]).to(d)), aten.gather.default),
+    "gather_negative": (lambda d: torch.gather(_x(d), 1, torch.tensor([[0, -1]]).to(d)), aten.gather.default),
+    "index_select": (lambda d: _x(d).index_select(0, BAD.to(d)), aten.index_select.default),
+    "embedding": (lambda d: F.embedding(BAD.to(d), _x(d)), aten.embedding.default),
+    "scatter": (lambda d: _x(d).scatter(0, torch.tensor([[5, 0]]).to(d), 1.0), aten.scatter.value),
     "scatter_add_": (
-        lambda d: X.to(d).scatter_add_(0, torch.tensor([[5, 0]]).to(d), torch.ones(1, 2).to(d)),
+        lambda d: _x(d).scatter_add_(0, torch.tensor([[5, 0]]).to(d), torch.ones(1, 2).to(d)),
         aten.scatter_add.default,
     ),
     "scatter_reduce": (
-        lambda d: X.to(d).scatter_reduce(0, torch.tensor([[5, 0]]).to(d), torch.ones(1, 2).to(d), "amax"),
+        lambda d: _x(d).scatter_reduce(0, torch.tensor([[5, 0]]).to(d), torch.ones(1, 2).to(d), "amax"),
         aten.scatter_reduce.two,
     ),
-    "index_add_": (lambda d: X.to(d).index_add_(0, BAD.to(d), ONES.to(d)), aten.index_add.default),
-    "index_copy": (lambda d: X.to(d).index_copy(0, BAD.to(d), ONES.to(d)), aten.index_copy.default),
-    "index_fill": (lambda d: X.to(d).index_fill(0, BAD.to(d), 1.0), aten.index_fill.int_Scalar),
-    "take": (lambda d: torch.take(X.to(d), torch.tensor([7]).to(d)), aten.take.default),
-    "put_": (lambda d: X.to(d).put_(torch.tensor([-7]).to(d), torch.tensor([1.0]).to(d)), aten.put.default),
-    "cross_entropy": (lambda d: F.cross_entropy(X.to(d), torch.tensor([0, 5, 1]).to(d)), aten.nll_loss_forward.default),
-    "nll_loss_negative": (lambda d: F.nll_loss(X.to(d), torch.tensor([0, -1, 1]).to(d)), aten.nll_loss_forward.default),
+    "index_add_": (lambda d: _x(d).index_add_(0, BAD.to(d), ONES.to(d)), aten.index_add.default),
+    "index_copy": (lambda d: _x(d).index_copy(0, BAD.to(d), ONES.to(d)), aten.index_copy.default),
+    "index_fill": (lambda d: _x(d).index_fill(0, BAD.to(d), 1.0), aten.index_fill.int_Scalar),
+    "take": (lambda d: torch.take(_x(d), torch.tensor([7]).to(d)), aten.take.default),
+    "put_": (lambda d: _x(d).put_(torch.tensor([-7]).to(d), torch.tensor([1.0]).to(d)), aten.put.default),
+    "cross_entropy": (lambda d: F.cross_entropy(_x(d), torch.tensor([0, 5, 1]).to(d)), aten.nll_loss_forward.default),
+    "nll_loss_negative": (lambda d: F.nll_loss(_x(d), torch.tensor([0, -1, 1]).to(d)), aten.nll_loss_forward.default),
     "nll_loss2d": (
         lambda d: F.nll_loss(torch.zeros(1, 3, 2, 2).to(d), torch.tensor([[[0, 5], [1, 1]]]).to(d)),
         aten.nll_loss2d_forward.default,
@@ -112,15 +117,15 @@ def test_bad_values_raise_torchs_error_at_the_next_host_read(name, eager_mode):
 @pytest.mark.parametrize(
     "fn",
     [
-        lambda d: X.to(d)[torch.tensor([-3, 2]).to(d)],
-        lambda d: torch.take(X.to(d), torch.tensor([-6, 5]).to(d)),
-        lambda d: F.cross_entropy(X.to(d), torch.tensor([0, -100, 1]).to(d)),
-        lambda d: F.nll_loss(X.to(d), torch.tensor([0, 7, 1]).to(d), ignore_index=7),
+        lambda d: _x(d)[torch.tensor([-3, 2]).to(d)],
+        lambda d: torch.take(_x(d), torch.tensor([-6, 5]).to(d)),
+        lambda d: F.cross_entropy(_x(d), torch.tensor([0, -100, 1]).to(d)),
+        lambda d: F.nll_loss(_x(d), torch.tensor([0, 7, 1]).to(d), ignore_index=7),
         lambda d: torch.multinomial(torch.tensor([0.0, 1.0]).to(d), 1),
         lambda d: torch.bernoulli(torch.tensor([0.0, 1.0]).to(d)),
         lambda d: torch.tensor([1.0, 2.0]).to(d) // torch.tensor([1.0, 0.0]).to(d),
         lambda d: F.one_hot(torch.tensor([0, 2]).to(d), 3),
-        lambda d: X.to(d)[torch.tensor([], dtype=torch.long).to(d)],
+        lambda d: _x(d)[torch.tensor([], dtype=torch.long).to(d)],
     ],
 )
 def test_good_values_pass(fn):
@@ -154,5 +159,5 @@ def test_a_checked_step_runs_one_program_and_waits_for_nothing():
 def test_checks_can_be_turned_off():
     """LAZYTPU_VALUE_CHECKS=0: no check nodes, XLA's clamping (the speed ceiling of the checks)."""
     with _config.VALUE_CHECKS.override(False):
-        out = X.to("tpu")[BAD.to("tpu")]
+        out = _x("tpu")[BAD.to("tpu")]
         assert out.cpu().tolist() == [[0.0, 1.0], [4.0, 5.0]]  # index 5 clamped to 2

@@ -610,7 +610,7 @@ class GraphProgram:
                 if on_host:
                     copies.append((t, new_tensor_of(Output(node, k), descs[k], index)))
                 elif t._lt_window is None:
-                    t._lt_storage.bind(Output(node, k))  # write_value's fast path
+                    t._lt_storage.bind(Output(node, k), graph)  # write_value's fast path
                 else:
                     write_value(t, Output(node, k))
             ctx.recorded(node)  # strict mode runs it now

@@ -58,8 +58,10 @@ def _device_arrays(tensors) -> list[jax.Array]:
     (flushing their devices' pending programs when needed)."""
     with torch.no_grad():
         bases = [t if t._lt_window is None else t.clone(memory_format=torch.contiguous_format) for t in tensors]
-    for index in sorted({t.device.index or 0 for t in bases if isinstance(t._lt_storage.value, Output)}):
-        context(index).flush("collective")
+    for t in bases:
+        if isinstance(t._lt_storage.value, Output):  # its lane's program (Note [Lanes])
+            ctx = context(t.device.index or 0)
+            ctx.flush("collective", lane=ctx.lane_of(t._lt_storage))
     arrays = []
     for t in bases:
         value = t._lt_storage.value

@@ -43,8 +43,13 @@ class Storage:
         if type(value) is Output:
             graph.pending.append(ref)
 
-    def bind(self, value) -> None:
-        """Re-bind to a new value (an in-place write or a sync's result)."""
+    def bind(self, value, graph: PendingGraph | None = None) -> None:
+        """Re-bind to a new value (an in-place write or a sync's result),
+        recorded in ``graph`` (default: its own; a storage that is not pending
+        moves to the graph that writes it: Note [Lanes] in lazytpu.engine)."""
+        if graph is not None and graph is not self.graph and type(self.value) is not Output:
+            self.graph = graph
+            graph.storages.append(weakref.ref(self))
         self.value = value
         if type(value) is Output:
             self.graph.pending.append(weakref.ref(self))
@@ -61,26 +66,49 @@ class Storage:
         return n
 
 
+class RandomCell:
+    """A device's PRNG key, shared by its graphs (Note [Random state])."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = None
+
+
 class PendingGraph:
     """Live storages with pending values, plus the device's PRNG state.
 
-    Note [Graph ownership]: one graph per device, process-wide, behind one
-    re-entrant lock. Autograd runs backward ops on its own thread; a
-    thread-local graph would split a step's forward and backward apart.
+    Note [Graph ownership]: one graph per device and recording thread, owned
+    by the device's context (Note [Lanes] in lazytpu.engine), all behind the
+    device's one re-entrant lock. Autograd runs backward ops on its own
+    thread, which records into the graph of the tensors each op reads: a
+    graph per plain thread-local would split a step's forward and backward
+    apart.
 
     Storages are tracked by plain weak references (no callbacks: cheap on the
     per-op path); dead ones are skipped and pruned at each sync.
     """
 
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
+    def __init__(self, lock=None, random=None) -> None:
+        # a device's graphs (one per thread: Note [Lanes] in lazytpu.engine) share its lock and
+        # its random state (an object with a ``value``)
+        self.lock = lock if lock is not None else threading.RLock()
+        self._random = random if random is not None else RandomCell()
         # Storages that became pending since the last sync, in order
         # (Note [Deterministic roots]); may repeat and may be dead.
         self.pending: list[weakref.ref] = []
         # Every storage (Note [Donation]); pruned at each sync.
         self.storages: list[weakref.ref] = []
-        self.rng: Data | Output | None = None
         self.pending_ops = 0
+
+    @property
+    def rng(self) -> Data | Output | None:
+        """The device's PRNG key: a program input and output (Note [Random state])."""
+        return self._random.value
+
+    @rng.setter
+    def rng(self, value: Data | Output | None) -> None:
+        self._random.value = value
 
     def pending_storages(self) -> list[Storage]:
         """Live storages that hold pending values now, each once, in order."""
