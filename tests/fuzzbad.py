@@ -10,6 +10,8 @@ name prefix:
 - ``index:``: an index (or mask) tensor of a dtype CPU refuses;
 - ``shape:``: shapes that do not fit (broadcasting, matmul, cat, index_put,
   masked assignment, index_add, gather);
+- ``size:``: sizes and ints that do not fit ``t`` (view, reshape, expand,
+  permute, an int index or narrow past the end, a storage too small);
 - ``dtype:``: an in-place op whose result type cannot be cast to ``t``'s
   dtype, or a source of another dtype than ``t``;
 - ``data:``: errors found only from the data (an index value out of range, a
@@ -294,6 +296,52 @@ def _gather_rank(t, o, a):
     return lambda: t.gather(0, torch.zeros((1,) * (t.dim() + 1), dtype=torch.int64, device=t.device))
 
 
+def _grown(t):
+    """``t``'s shape with its last size that is not 1 grown by one; None where every size is 1."""
+    shape = clash(t.shape)
+    return None if shape is None else (*t.shape[: t.dim() - len(shape)], *shape)
+
+
+def _expand(t, o, a):
+    shape = _grown(t)
+    return None if shape is None else lambda: t.expand(shape)
+
+
+def _past_end(t, o, a):
+    """An int index, select, narrow or split past the end of ``t``'s first dim (known at the call)."""
+    if t.dim() == 0:
+        return None
+    n = t.shape[0]
+    i = n + a % 2 if a % 4 < 2 else -n - 1 - a % 2
+    return [
+        lambda: t[i],
+        lambda: t.__setitem__(i, 1),
+        lambda: t.select(0, i),
+        lambda: t.narrow(0, n, 1),
+        lambda: t.split([1, n], 0),
+        lambda: t.unflatten(0, (n + 1, 1)),
+    ][a % 6]
+
+
+def _two_dims(call):
+    return lambda t, o, a: (lambda: call(t)) if t.dim() >= 2 else None
+
+
+SIZE_CALLS = {
+    "view": lambda t, o, a: lambda: t.view(t.numel() + 1),
+    "reshape": lambda t, o, a: lambda: t.reshape(t.numel() + 1),
+    "expand": _expand,
+    "permute_length": lambda t, o, a: lambda: t.permute(*range(t.dim() + 1)),
+    "permute_repeated": _two_dims(lambda t: t.permute(0, 0, *range(2, t.dim()))),
+    "past_end": _past_end,
+    "too_many_indices": lambda t, o, a: lambda: t[(0,) * (t.dim() + 1)],
+    "repeat_fewer_dims": _two_dims(lambda t: t.repeat(*[1] * (t.dim() - 1))),
+    "flatten_reversed": _two_dims(lambda t: t.flatten(1, 0)),
+    "diagonal_same_dims": lambda t, o, a: lambda: t.diagonal(0, 0, 0),
+    "as_strided_past_storage": lambda t, o, a: lambda: t.as_strided((1000,), (1,)),
+    "chunk_zero": lambda t, o, a: lambda: t.chunk(0),
+}
+
 SHAPE_CALLS = {
     "cat": _cat,
     "stack": _stack,
@@ -340,6 +388,25 @@ SOURCE_OPS = {
 }
 
 
+# scalars the op must convert to t's dtype, which CPU refuses when they do not fit it
+SCALAR_OPS = {
+    "fill_": lambda t, s: t.fill_(s),
+    "masked_fill_": lambda t, s: t.masked_fill_(t == t, s),
+    "index_fill_": lambda t, s: t.index_fill_(0, _index(t, [0]), s),
+    "setitem": lambda t, s: t.__setitem__(..., s),
+    "clamp_": lambda t, s: t.clamp_(min=s),
+    "full": lambda t, s: torch.full(t.shape, s, dtype=t.dtype, device=t.device),
+}
+
+
+def _overflowing(t):
+    return 1e300 if t.is_floating_point() else 2**63
+
+
+def _scalar_call(scalar):
+    return lambda op: lambda t, o, a: lambda: op(t, scalar(t))
+
+
 def _result_call(op):
     return lambda t, o, a: lambda: op(t, _refused(t))
 
@@ -355,6 +422,13 @@ def _source_call(op):
         return lambda: op(t, torch.ones(t.shape, dtype=_other(t), device=t.device))
 
     return call
+
+
+def _matmul_dtypes(t, o, a):
+    if t.dim() == 0:
+        return None
+    other = _ones(t, (_last(t), 2) if a % 2 or t.dim() == 1 else (_last(t),), _other(t))
+    return lambda: t @ other
 
 
 def _bitwise(t, o, a):
@@ -451,6 +525,13 @@ def _table():
         calls[f"dtype:{name}"] = _float_result_call(op)
     for name, op in SOURCE_OPS.items():
         calls[f"dtype:source:{name}"] = _source_call(op)
+    calls.update({f"size:{name}": call for name, call in SIZE_CALLS.items()})
+    calls["dtype:matmul"] = _matmul_dtypes
+    calls["dtype:requires_grad_"] = lambda t, o, a: None if t.is_floating_point() else t.requires_grad_
+    for name, op in SCALAR_OPS.items():
+        calls[f"dtype:overflow:{name}"] = _scalar_call(_overflowing)(op)
+        calls[f"dtype:complex:{name}"] = _scalar_call(lambda t: 1j)(op)
+    calls["dtype:bitwise_not_"] = lambda t, o, a: (lambda: t.bitwise_not_()) if t.is_floating_point() else None
     calls["dtype:bitwise_and_"] = _bitwise
     calls["dtype:lerp_"] = _lerp
     for name, op in INDEX_VALUE_OPS.items():
@@ -469,6 +550,12 @@ EXCLUDED = {
     "(CPU: RuntimeError 'index_add_(): self (Long) and source (Float) must have the same scalar type')",
     "data:masked_scatter_count": "masked_scatter_ with fewer source elements than the mask's ones computes on tpu "
     "(CPU: RuntimeError 'Number of elements of source < number of ones in mask')",
+    "dtype:complex:fill_": "fill_ with a complex scalar into a real dtype computes on tpu, keeping the real part "
+    "(CPU: RuntimeError 'value cannot be converted to type float without overflow')",
+    "dtype:complex:setitem": "t[...] = 1j into a real dtype computes on tpu, as fill_ does "
+    "(CPU: RuntimeError 'value cannot be converted to type float without overflow')",
+    "dtype:complex:full": "torch.full with a complex fill value and a real dtype computes on tpu "
+    "(CPU: RuntimeError 'value cannot be converted to type float without overflow')",
 }
 
 DRAWN = tuple(name for name in BAD_CALLS if name not in EXCLUDED)
