@@ -6,6 +6,8 @@ and aliasing follow torch's semantics on both). The interpreter keeps a pool
 of tensors: views of each other, results of ops; every step reads and writes
 members of the pool. It returns everything observable: the tensors held at the
 end, values printed (synced) along the way, and the types of errors raised.
+Given bad calls (tests/fuzzbad.py), a program also makes calls that CPU
+torch refuses and goes on after each (tests/test_fuzz_errors.py).
 """
 
 from __future__ import annotations
