@@ -44,15 +44,18 @@ INDEX_OPS = frozenset(
 _MASKS = (torch.bool, torch.uint8)
 _INDEX_DTYPES = frozenset({torch.int64, torch.int32, torch.uint8, torch.bool})
 
-# index_put calls already checked, by the shapes and dtypes that decide the checks
+# Calls already checked that hold no mask, by their signature (``_signature``)
 _CHECKED: set = set()
-_caches.register("index_put_checked", _CHECKED.clear)
+_caches.register("indexing_checked", _CHECKED.clear)
 
 
 def prepare_indexing(func, args, kwargs) -> tuple[tuple, object]:
     """Note [Advanced indexing]: ``(args, None)``, the call's arguments to
     record (CPU indices moved, masks checked or expanded), or ``(args, out)``
     when the op ran where its data is."""
+    key = _signature(func, args, kwargs)
+    if key in _CHECKED:  # the common case: one tuple and one set lookup
+        return args, None
     self = args[0]
     indices = [_on_device(i, self) for i in args[1]]
     args = (self, indices, *args[2:])
@@ -60,16 +63,12 @@ def prepare_indexing(func, args, kwargs) -> tuple[tuple, object]:
     if func is aten.index.Tensor:
         if masked:
             return args, cpu_fallback(func, args, kwargs, data_dependent=True)
-        key = (_desc(self), tuple(None if i is None else _desc(i) for i in indices))
-        if key not in _CHECKED and len(indices) <= self.dim() and _index_dtypes_allowed(indices):
-            _result_shape(self, [None if i is None else tuple(i.shape) for i in indices])  # else meta's errors
-            _CHECKED.add(key)
+        if len(indices) <= self.dim() and _index_dtypes_allowed(indices):  # else meta's errors
+            _result_shape(self, [None if i is None else tuple(i.shape) for i in indices])
+            _remember(key)
         return args, None
     values = args[2]
     accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
-    key = (_desc(self), tuple(None if i is None else _desc(i) for i in indices), _desc(values), bool(accumulate))
-    if key in _CHECKED:
-        return args, None
     if len(indices) > self.dim():
         raise IndexError(f"too many indices for tensor of dimension {self.dim()} (got {len(indices)})")
     fills = not accumulate and values.numel() == 1 and _fills_one_mask(self, indices)
@@ -77,7 +76,7 @@ def prepare_indexing(func, args, kwargs) -> tuple[tuple, object]:
         raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
     if not masked:
         _check_put(self, [None if i is None else tuple(i.shape) for i in indices], values, fills)
-        _CHECKED.add(key)
+        _remember(key)
         return args, None
     indices = _bool_masks(self, indices)
     alone = _lone_mask(indices)
@@ -89,12 +88,31 @@ def prepare_indexing(func, args, kwargs) -> tuple[tuple, object]:
     return (self, indices, *args[2:]), None
 
 
+def _remember(key) -> None:
+    if key is not None:
+        _CHECKED.add(key)
+
+
+def _signature(func, args, kwargs) -> tuple | None:
+    """What decides the checks of a call: the op, its tensors' interned
+    descriptions and its flags; None for a call with a CPU tensor (never cached)."""
+    parts = [func, args[0]._lt_desc]
+    for group in (args[1], args[2:3]):
+        for i in group:
+            if type(i) is LazyTensor:
+                parts.append(i._lt_desc)
+            elif i is None:
+                parts.append(None)
+            else:
+                return None
+    parts.extend(args[3:])
+    if kwargs:
+        parts.extend(sorted(kwargs.items()))
+    return tuple(parts)
+
+
 def _index_dtypes_allowed(indices) -> bool:
     return all(i is None or i.dtype in _INDEX_DTYPES for i in indices)
-
-
-def _desc(t) -> tuple:
-    return tuple(t.shape), t.dtype
 
 
 def _on_device(index, self):
