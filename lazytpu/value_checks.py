@@ -227,6 +227,15 @@ def _one_hot(self, num_classes=-1):
     return [(self, "range", (0, num_classes), 0)] if num_classes >= 0 and _integral(self) else []
 
 
+@checks(aten.masked_fill.Tensor)
+def _fill_value(self, mask, value):
+    """A floating fill value must fit an integer tensor (torch reads it with ``item()``)."""
+    if not (_integral(self) and isinstance(value, torch.Tensor) and value.is_floating_point()):
+        return []
+    info = torch.iinfo(self.dtype)
+    return [(value, "fits", (info.min, info.max), 0)]
+
+
 @checks(aten.multinomial.default)
 def _multinomial(self, *rest, **kwargs):
     return [(self, "probability", (), 1), (self, "row_sums", (), 1)]

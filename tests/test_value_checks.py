@@ -22,6 +22,14 @@ BAD = torch.tensor([0, 5])
 ONES = torch.ones(2, 2)
 
 
+def _ints(device: str) -> torch.Tensor:
+    return torch.zeros(3, dtype=torch.int32).to(device)
+
+
+def _mask(device: str) -> torch.Tensor:
+    return torch.tensor([True, False, True]).to(device)
+
+
 def _x(device: str) -> torch.Tensor:
     return X.clone().to(device)  # a copy on CPU too: in-place cases must not change X
 
@@ -62,6 +70,11 @@ CASES = {
     ),
     "one_hot": (lambda d: F.one_hot(BAD.to(d), 3), aten.one_hot.default),
     "one_hot_negative": (lambda d: F.one_hot(torch.tensor([0, -1]).to(d), 3), aten.one_hot.default),
+    "masked_fill_overflow": (
+        lambda d: _ints(d).masked_fill(_mask(d), torch.tensor(1e20).to(d)),
+        aten.masked_fill.Tensor,
+    ),
+    "masked_fill_nan": (lambda d: _ints(d).masked_fill_(_mask(d), torch.tensor(float("nan"))), aten.masked_fill.Tensor),
     "multinomial_negative": (lambda d: torch.multinomial(torch.tensor([0.5, -0.1]).to(d), 1), aten.multinomial.default),
     "multinomial_nan": (
         lambda d: torch.multinomial(torch.tensor([0.5, float("nan")]).to(d), 1),
@@ -125,6 +138,7 @@ def test_bad_values_raise_torchs_error_at_the_next_host_read(name, eager_mode):
         lambda d: torch.bernoulli(torch.tensor([0.0, 1.0]).to(d)),
         lambda d: torch.tensor([1.0, 2.0]).to(d) // torch.tensor([1.0, 0.0]).to(d),
         lambda d: F.one_hot(torch.tensor([0, 2]).to(d), 3),
+        lambda d: _ints(d).masked_fill(_mask(d), torch.tensor(-(2.0**31)).to(d)),
         lambda d: _x(d)[torch.tensor([], dtype=torch.long).to(d)],
     ],
 )

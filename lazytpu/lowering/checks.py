@@ -21,6 +21,10 @@ def _out_of_range(x, lo, hi, ignore=None):
     return bad if ignore is None else bad & (x != ignore)
 
 
+def _does_not_fit(x, lo, hi):
+    return ~((x >= lo) & (x <= hi))  # NaN does not fit
+
+
 def _not_a_probability(x):
     return ~(x >= 0) | jnp.isinf(x)  # NaN fails x >= 0
 
@@ -45,6 +49,7 @@ def _zero(x):
 # kind -> predicate(x, *params): a boolean mask of the elements torch refuses
 PREDICATES = {
     "range": _out_of_range,
+    "fits": _does_not_fit,
     "probability": _not_a_probability,
     "row_sums": _row_sum_not_positive,
     "unit_interval": _outside_unit_interval,
