@@ -156,6 +156,15 @@ CHECKS = {
     "index_into_an_empty_dim": lambda d: torch.empty(10, 0).to(d)[:, [0, 1]],
     "index_into_an_empty_dim_set": _put((10, 0), (slice(None), torch.tensor([0, 1])), 1.0),
     "empty_index_into_an_empty_dim": lambda d: torch.empty(10, 0).to(d)[[], []],
+    "index_copy_at_a_scalar_index": lambda d: (
+        torch.tensor([2.0]).to(d).index_copy_(0, torch.tensor(0).to(d), torch.tensor([5.0]).to(d))
+    ),
+    "index_add_one_element_into_a_scalar": lambda d: (
+        torch.tensor(2.0).to(d).index_add_(0, torch.tensor([0]).to(d), torch.tensor([3.0]).to(d))
+    ),
+    "index_add_a_scalar_into_one_element": lambda d: (
+        torch.tensor([2.0]).to(d).index_add_(0, torch.tensor(0).to(d), torch.tensor(3.0).to(d))
+    ),
     "value_shape_mismatch": _put((5, 5), torch.tensor([0, 1]), torch.ones(3, 5)),
     "value_shape_mismatch_apart": _put(
         (5, 4, 3), (torch.tensor([0, 1]), slice(None), torch.tensor([0, 1])), torch.ones(4, 2)

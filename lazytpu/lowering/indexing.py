@@ -182,7 +182,9 @@ def index_copy(x, dim, index, source):
     if x.ndim == 0:
         return source.reshape(())
     dim = dim % x.ndim
-    return x.at[_along(x, dim, index)].set(source.astype(x.dtype))
+    index = index.reshape(-1)  # a 0-d index is one index, and its source may be 0-d
+    shape = x.shape[:dim] + index.shape + x.shape[dim + 1 :]
+    return x.at[_along(x, dim, index)].set(source.reshape(shape).astype(x.dtype))
 
 
 @lowering(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
