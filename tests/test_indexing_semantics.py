@@ -285,3 +285,17 @@ def test_a_counted_mask_reads_it_once_computed():
     snap = lazytpu.metrics.snapshot()
     assert snap["syncs"] == {} and snap["cpu_fallbacks"] == {}
     assert torch.equal(x.cpu()[[0, 2]], torch.ones(2, 3))
+
+
+def test_a_pending_counted_mask_syncs_once():
+    """A pending mask whose count is needed is computed by one sync (reason
+    "data_dependent", docs/sync_points.md); the write is recorded after it."""
+    x = _t(4, 3).to("tpu")
+    lazytpu.sync()
+    lazytpu.metrics.reset()
+    x[x[:, 0] > 4] = torch.ones(2, 3).to("tpu")
+    snap = lazytpu.metrics.snapshot()
+    assert snap["syncs"] == {"data_dependent": 1} and snap["cpu_fallbacks"] == {}
+    expected = _t(4, 3)
+    expected[expected[:, 0] > 4] = torch.ones(2, 3)
+    assert torch.equal(x.cpu(), expected)
