@@ -351,7 +351,7 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: b
     with exactly the layout of ``func``'s single output), the storage of
     ``into`` is re-bound to the output instead, and ``into`` is returned.
     ``flush=False``: strict mode does not run the node now (Note [Uninitialized
-    factories] in _device).
+    factories] in device/registration).
     """
     key, values = _signature(func, args, kwargs)
     plan = _PLANS.get(key)
@@ -366,7 +366,13 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: b
     ctx = context(index)
     # above this frame: dispatch, LazyTensor.__torch_dispatch__, then the caller (Note [Source locations])
     with ctx.lock:
-        lane = ctx.lane_for([v._lt_storage for v in values if type(v) is LazyTensor])  # Note [Lanes]
+        lane = ctx.lane()  # Note [Lanes]
+        first = True
+        for v in values:
+            if type(v) is LazyTensor:
+                if v._lt_storage.graph is not lane.graph:
+                    lane = ctx.lane_for(v._lt_storage, lane, first)
+                first = False
         inputs = [
             (v._lt_storage.value if v._lt_window is None else read(v))
             if type(v) is LazyTensor

@@ -147,17 +147,17 @@ class DeviceContext:
     def lane_of(self, storage) -> Lane:
         return self.lanes[id(storage.graph)]
 
-    def lane_for(self, storages: list) -> Lane:
-        """The lane an op reading tensors on ``storages`` records into (Note
-        [Lanes]): the caller's, or for autograd's thread that of the first
-        tensor read. Another lane that holds a pending input runs first."""
-        lane = self.lane()
-        if self._local.borrows and storages:
-            lane = self._local.lane = self.lanes[id(storages[0].graph)]
-        graph = lane.graph
-        for storage in storages:
-            if storage.graph is not graph and type(storage.value) is Output:
-                self.flush("cross_thread", lane=self.lane_of(storage))
+    def lane_for(self, storage, lane: Lane, first: bool) -> Lane:
+        """The lane an op recording in ``lane`` records into, given that it
+        reads a tensor on ``storage`` of another lane (Note [Lanes]):
+        autograd's thread borrows the lane of the ``first`` tensor an op reads;
+        any other thread keeps its own, once the other lane has run if
+        ``storage`` is pending there."""
+        if first and self._local.borrows:
+            lane = self._local.lane = self.lanes[id(storage.graph)]
+            return lane
+        if type(storage.value) is Output:
+            self.flush("cross_thread", lane=self.lane_of(storage))
         return lane
 
     @property
