@@ -35,7 +35,7 @@ test-contract: $(STAMP)
 
 # Op coverage table over op_db: docs/coverage.md and docs/coverage.json.
 coverage: $(STAMP)
-	$(BIN)/python -m lazytpu.coverage --quiet > /dev/null
+	$(BIN)/python -m lazytpu.tools.coverage --quiet > /dev/null
 
 # 2000 defer-mode training steps: memory, graph and caches must hold flat.
 soak: $(STAMP)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 # compile and distributed are imported for their registrations: the torch.compile
 # backend "tpu" and the torch.distributed backend "tpu_dist".
-from lazytpu import _device, bounds, compile, debug, distributed, metrics, runtime  # noqa: F401
+from lazytpu import bounds, compile, debug, distributed, metrics, runtime  # noqa: F401
+from lazytpu.device import registration
 from lazytpu.engine import EagerMode, sync_all
 from lazytpu.tensor import LazyTensor
 
@@ -28,6 +29,6 @@ def sync() -> None:
 
 
 runtime.platform.check_requested_platform()  # Note [Platform at import]
-_device.register()
+registration.register()
 if bounds.enabled():
     bounds.install()

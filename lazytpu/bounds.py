@@ -104,7 +104,7 @@ def _check_later(func, args, kwargs, out) -> None:
 
 
 def register(lib) -> None:
-    """Make ``one_hot`` reach lazytpu (``lib`` is _device's aten library):
+    """Make ``one_hot`` reach lazytpu (``lib`` is device/registration's aten library):
     torch decomposes it before any backend sees it, unless the backend has
     a kernel of its own."""
     lib.impl("one_hot", lambda x, num_classes=-1: one_hot(aten.one_hot.default, (x, num_classes), {}), "PrivateUse1")

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from test_models_cnn import _train, classifier
 
 import lazytpu
-from lazytpu import autocast as tpu_autocast
+from lazytpu.device import autocast as tpu_autocast
 
 BF16 = torch.bfloat16
 

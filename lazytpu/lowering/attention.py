@@ -5,7 +5,7 @@ CompositeImplicit; torch's C++ asks a per-device stub which fused kernel to
 use and, for PrivateUse1 backends that choose it, calls
 ``_scaled_dot_product_fused_attention_overrideable`` (autograd's backward is
 ``..._overrideable_backward``). A Python backend cannot fill that stub, so
-``lazytpu.sdpa`` registers ``scaled_dot_product_attention`` for
+``lazytpu.device.sdpa`` registers ``scaled_dot_product_attention`` for
 AutogradPrivateUse1 and calls a fused op itself (Note [Attention dropout]
 says which). Without that, the op arrives decomposed into the math reference
 (a dozen ops, with the attention matrix saved for backward).

@@ -11,7 +11,7 @@ and a ``LazyTensor`` are not compatible (``TensorImpl`` counts no PrivateUse1
 tensor as dense), so torch makes a new Parameter for each module attribute
 instead, and a Parameter shared by two modules becomes two.
 
-``keep_parameters`` wraps ``Module._apply`` (``_device.register`` installs it).
+``keep_parameters`` wraps ``Module._apply`` (``registration.register`` installs it).
 After torch's own pass over a module, each Parameter that a conversion to or
 from ``tpu`` replaced is swapped back into the old object with
 ``torch.utils.swap_tensors`` (what torch itself does for traceable wrapper

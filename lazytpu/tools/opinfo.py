@@ -3,7 +3,7 @@
 One *case* is an OpInfo entry, a dtype, a kind (``"forward"`` or ``"grad"``)
 and an eager mode. ``run_case`` runs every sample input of the entry on CPU
 and on ``tpu`` and returns what went wrong, or None; ``tests/test_opinfo.py``
-turns cases into tests, ``lazytpu.coverage`` into a coverage table.
+turns cases into tests, ``lazytpu.tools.coverage`` into a coverage table.
 
 Note [OpInfo comparison]: outputs are compared as torch's own
 ``test_compare_cpu`` does: ``output_process_fn_grad`` applied to both sides

@@ -1,6 +1,6 @@
 """``F.scaled_dot_product_attention`` on ``tpu`` as one fused op (Note [SDPA on PrivateUse1]).
 
-``register`` (called from ``_device.register``) installs ``scaled_dot_product_attention``
+``register`` (called from ``registration.register``) installs ``scaled_dot_product_attention``
 for AutogradPrivateUse1: it does what torch's C++ does for a PrivateUse1
 backend whose kernel choice is "overrideable", except that calls without
 dropout take ``_scaled_dot_product_efficient_attention`` (Note [Attention

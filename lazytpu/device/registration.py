@@ -1,5 +1,5 @@
 """Register ``tpu`` as torch's PrivateUse1 backend (the recipe in
-ARCHITECTURE.md, "Device registration").
+docs/architecture.md, "Device registration").
 
 This is the one module that touches torch's global registration tables.
 """
@@ -12,11 +12,12 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils import _foreach_utils
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from lazytpu import _config, autocast, bounds, hostio, sdpa, tpu
+from lazytpu import _config, bounds, hostio
+from lazytpu.device import autocast, sdpa, tpu
+from lazytpu.device.module_conversion import keep_parameters
 from lazytpu.dispatch import record
 from lazytpu.engine import context
 from lazytpu.lowering import get_rule
-from lazytpu.module_conversion import keep_parameters
 from lazytpu.tensor import LazyTensor
 
 aten = torch.ops.aten
