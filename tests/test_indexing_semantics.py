@@ -197,6 +197,8 @@ INDEX_OPS = {
     "gather": lambda d, i: _t(3, 4).to(d).gather(1, i((3, 2))),
     "scatter": lambda d, i: _t(3, 4).to(d).scatter(1, i((3, 2)), _t(3, 4).to(d)),
     "scatter_add": lambda d, i: _t(3, 4).to(d).scatter_add(1, i((3, 2)), _t(3, 4).to(d)),
+    "scatter_reduce": lambda d, i: _t(3, 4).to(d).scatter_reduce(1, i((3, 2)), _t(3, 4).to(d), "amax"),
+    "take_along_dim": lambda d, i: torch.take_along_dim(_t(3, 4).to(d), i((3, 2)), 1),
     "index_add": lambda d, i: _t(3, 4).to(d).index_add(0, i((2,)), _t(2, 4).to(d)),
     "index_copy": lambda d, i: _t(3, 4).to(d).index_copy(0, i((2,)), _t(2, 4).to(d)),
     "index_fill": lambda d, i: _t(3, 4).to(d).index_fill(0, i((2,)), 1.0),

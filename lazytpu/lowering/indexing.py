@@ -1,8 +1,9 @@
 """Indexing: advanced indexing, index_put, gather/scatter, index_copy/fill, take.
 
 Index tensors with integer dtype follow torch's (= numpy's) advanced-indexing
-rules; negative indices wrap. Boolean masks have data-dependent shapes and
-never reach these rules (torch has no meta kernel for them).
+rules; negative indices wrap. Boolean masks have data-dependent shapes:
+``index`` with a mask never reaches these rules, and ``index_put`` gets at
+most one mask, alone among None entries (Note [Advanced indexing]).
 
 Note [Bool accumulation]: XLA scatters cannot add, multiply, min or max
 bools. Torch's bool arithmetic saturates (add is or, multiply is and), so
@@ -48,7 +49,7 @@ def index_put(x, indices, values, accumulate=False):
     masks = [i for i, idx in enumerate(indices) if idx is not None and idx.dtype == jnp.bool_]
     if masks:
         if len(masks) != 1 or any(idx is not None for i, idx in enumerate(indices) if i != masks[0]):
-            raise NotImplementedError("index_put mixing a boolean mask with other indices")
+            raise NotImplementedError("index_put mixing a boolean mask with other indices (expanded when recorded)")
         return _put_masked(x, masks[0], indices[masks[0]], values, accumulate)
     if accumulate and x.dtype == jnp.bool_:
         return index_put(x.astype(jnp.int32), indices, values, True).astype(jnp.bool_)
