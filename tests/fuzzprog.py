@@ -150,6 +150,12 @@ WRITES = [
     _w_t_,
 ]
 
+# Writes whose operand o may alias t in another layout: CPU torch reads o while
+# it writes t (elements already written are read again: p.add_(base.diagonal())
+# with p = base.t() gives an order-dependent result), tpu reads o before. Not
+# drawn where o and t share a storage and are not the same tensor.
+READS_OTHER = {_w_copy: "copy_ from an overlapping view", _w_add_tensor: "add_ of an overlapping view"}
+
 # -- new tensors ----------------------------------------------------------------
 
 
@@ -185,9 +191,11 @@ def run_program(program, device: str, bad_calls=()):
     pool = [base]
     if bad_calls:
         pool.append(torch.arange(12).reshape(3, 4).to(device) - 5)
+    storages = [object() for _ in pool]  # which storage each pool tensor is a view of (by identity)
     observed = []
     for kind, i, j, a in program:
         t, o = pool[i % len(pool)], pool[j % len(pool)]
+        same_storage = storages[i % len(pool)] is storages[j % len(pool)] and o is not t
         if bad_calls and kind % 5 == 4:
             name = bad_calls[a % len(bad_calls)]
             call = fuzzbad.BAD_CALLS[name](t, o, a // len(bad_calls))
@@ -199,17 +207,22 @@ def run_program(program, device: str, bad_calls=()):
                 out = VIEWS[a % len(VIEWS)](t, a // len(VIEWS))
                 if out is not None:
                     pool.append(out)
+                    storages.append(storages[i % len(storages)])
             elif kind % 4 == 1:
-                WRITES[a % len(WRITES)](t, o, a // len(WRITES))
+                write = WRITES[a % len(WRITES)]
+                if not (same_storage and write in READS_OTHER):
+                    write(t, o, a // len(WRITES))
             elif kind % 4 == 2:
                 out = NEWS[a % len(NEWS)](t, o, a // len(NEWS))
                 pool.append(out)
+                storages.append(storages[i % len(storages)] if out is t else object())
             else:
                 observed.append(("sync", t.cpu().clone()))
         except Exception as exc:  # noqa: BLE001 - compared with CPU's, whatever it is
             observed.append(("error", type(exc).__name__))
         if len(pool) > 12:
             pool.pop(1 + bool(bad_calls))
+            storages.pop(1 + bool(bad_calls))
     observed += [("final", t.cpu().clone()) for t in pool]
     if bad_calls:
         observed += _probe(pool)
