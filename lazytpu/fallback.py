@@ -26,6 +26,7 @@ _caches.register("fallback_warnings", _WARNED.clear)
 DATA_DEPENDENT = frozenset(
     {
         aten.nonzero.default,
+        aten.nonzero.out,
         aten.nonzero_static.default,
         aten.argwhere.default,
         aten.masked_select.default,
@@ -60,10 +61,12 @@ def cpu_fallback(func, args, kwargs, *, data_dependent: bool = False):
             _WARNED.add(name)
             warnings.warn(f"lazytpu: {name} has no lowering; it runs on CPU (slower, splits the program)", stacklevel=3)
     lazies: list[LazyTensor] = []
+    resized = {id(v) for v in _written(func, args, kwargs)}
 
     def to_cpu(x):
         lazies.append(x)
-        return hostio.to_cpu(x, reason=reason)
+        host = hostio.to_cpu(x, reason=reason)
+        return host.clone() if id(x) in resized else host  # an out= the op may resize: a storage of its own
 
     cargs = tuple(_map_tensors(a, LazyTensor, to_cpu) for a in args)
     ckwargs = {k: _map_tensors(v, LazyTensor, to_cpu) for k, v in kwargs.items()}
@@ -79,7 +82,7 @@ def cpu_fallback(func, args, kwargs, *, data_dependent: bool = False):
             host = ckwargs.get(arg.name) if arg.kwarg_only else (cargs[i] if i < len(cargs) else None)
             if type(lazy) is LazyTensor:
                 if tuple(lazy.shape) != tuple(host.shape):
-                    resize_to(lazy, host.shape)
+                    resize_to(lazy, host.shape, warn=False)  # the CPU op warned
                 write_value(lazy, hostio.data_from_cpu(host, index))
                 written[id(host)] = lazy
 
@@ -89,6 +92,16 @@ def cpu_fallback(func, args, kwargs, *, data_dependent: bool = False):
         return new_tensor(hostio.data_from_cpu(x, index), x.shape, contiguous_strides(x.shape), x.dtype, index)
 
     return _map_tensors(out, torch.Tensor, back)
+
+
+def _written(func, args, kwargs) -> list:
+    """The arguments ``func`` writes (its in-place target, its ``out=``)."""
+    out = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = kwargs.get(arg.name) if arg.kwarg_only else (args[i] if i < len(args) else None)
+            _map_tensors(value, LazyTensor, out.append)
+    return out
 
 
 def _map_tensors(x, kind, fn):

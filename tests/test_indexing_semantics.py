@@ -128,6 +128,8 @@ MASKS = {
     "bool_view_as_int8": lambda d: _bools(1, 0).to(d).view(torch.int8),
     "uint8_view_as_bool": lambda d: _bytes(1, 0, 1).to(d).view(torch.bool),
     "split_copy_out": _split_copy_out,
+    "nonzero_out": lambda d: torch.nonzero(_t(2, 3).to(d) % 2, out=torch.empty(0, dtype=torch.long).to(d)),
+    "nonzero_out_resized": lambda d: torch.nonzero(_t(2, 3).to(d) % 2, out=torch.empty((), dtype=torch.long).to(d)),
     "ctc_loss_no_targets": _ctc_no_targets(torch.zeros(0, dtype=torch.long), [5, 5]),
     "ctc_loss_no_targets_2d": _ctc_no_targets(torch.zeros(2, 0, dtype=torch.long), [5, 3]),
 }
