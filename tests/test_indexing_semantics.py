@@ -127,6 +127,8 @@ MASKS = {
     "bool_view_as_uint8": lambda d: _bools(1, 0, 1).to(d).view(torch.uint8),
     "bool_view_as_int8": lambda d: _bools(1, 0).to(d).view(torch.int8),
     "uint8_view_as_bool": lambda d: _bytes(1, 0, 1).to(d).view(torch.bool),
+    "bool_view_as_complex": lambda d: _bools(1, 0, 1, 1, 0, 0, 1, 0).reshape(1, 8).to(d).view(torch.complex64),
+    "float_view_as_bool": lambda d: torch.tensor([[1.0, 0.0]]).to(d).view(torch.bool),
     "split_copy_out": _split_copy_out,
     "nonzero_out": lambda d: torch.nonzero(_t(2, 3).to(d) % 2, out=torch.empty(0, dtype=torch.long).to(d)),
     "nonzero_out_resized": lambda d: torch.nonzero(_t(2, 3).to(d) % 2, out=torch.empty((), dtype=torch.long).to(d)),

@@ -23,6 +23,7 @@ from jax import lax
 
 from lazytpu import _dtypes
 from lazytpu.lowering.registry import lowering
+from lazytpu.lowering.views import reinterpret
 
 aten = torch.ops.aten
 
@@ -58,10 +59,11 @@ def view_dtype(x, dtype):
     target = jnp.dtype(_dtypes.to_jax(dtype))
     if target == x.dtype:
         return x
-    if x.dtype == jnp.bool_:  # XLA bitcasts no bools; torch stores a bool as the byte 0 or 1
-        return view_dtype(x.astype(jnp.uint8), dtype)
-    if target == jnp.bool_:
-        return view_dtype(x, torch.uint8) != 0
+    if x.dtype == jnp.bool_ or target == jnp.bool_:  # XLA bitcasts no bools: torch's bool is the byte 0 or 1
+        flat = x.reshape(-1).astype(jnp.uint8) if x.dtype == jnp.bool_ else x.reshape(-1)
+        out = reinterpret(flat, jnp.uint8 if target == jnp.bool_ else target)
+        out = out.reshape(x.shape[:-1] + (-1,) if x.ndim else ())
+        return out != 0 if target == jnp.bool_ else out
     if x.ndim == 0 or target.itemsize == x.dtype.itemsize:
         return lax.bitcast_convert_type(x, target)
     if target.itemsize < x.dtype.itemsize:  # each element becomes several
