@@ -263,22 +263,22 @@ class DeviceContext:
         so that where an error shows does not depend on the device's timing)."""
         errors, waiting = lane.check_errors, []
         for pending in lane.computed_checks:
-            position = pending.position.value
-            if type(position) is not Data:  # its op failed: nothing to check
+            result = pending.result.value
+            if type(result) is not Data:  # its op failed: nothing to check
                 continue
-            if not position.buffer.is_ready():
+            if not result.buffer.is_ready():
                 waiting.append(pending)
                 continue
-            at = int(runtime.to_host(position.buffer))
+            at, bits = (int(v) for v in runtime.to_host(result.buffer))
             if at < 0:
                 continue
-            value = runtime.to_host(pending.value.value.buffer).item()
+            plan, check = pending.plan, pending.check
             error = located(
-                pending.plan.error(pending.check, at, value), str(pending.plan.func), source_text(pending.node.source)
+                plan.error(check, at, plan.value(check, bits)), str(plan.func), source_text(pending.node.source)
             )
             errors.append(error)
             reaching, _ = split_roots(pending.roots, [pending.node])
-            lane.graph.fail_values(pending.settled + pending.extra, dict.fromkeys(reaching, error))
+            lane.graph.fail_values([*pending.settled, *pending.extra], dict.fromkeys(reaching, error))
         lane.computed_checks = waiting
 
     def end_step(self) -> None:

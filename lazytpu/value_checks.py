@@ -33,10 +33,12 @@ import weakref
 from collections.abc import Callable
 
 import attrs
+import numpy as np
 import torch
 
 from lazytpu import _config
 from lazytpu.ir import Aval, Data, Node, Output, Storage
+from lazytpu.ir.node import op_sig
 from lazytpu.ir.template import Slot, Template, fill
 from lazytpu.lowering.checks import VALUE_CHECK
 
@@ -69,13 +71,22 @@ class Check:
     fill: float | int
 
 
+# what a probe computes: [position of the first bad element or -1, its value's bits]
+# (lowering/checks.py), one int64 pair so that a check is one program output
+_PROBE_AVALS = (Aval((2,), torch.int64),)
+
+
 class ValuePlan:
     """The value checks of one call signature, and how to replay the op on CPU."""
 
-    __slots__ = ("func", "template", "stand_ins", "checks")
+    __slots__ = ("func", "template", "stand_ins", "checks", "probes")
 
     def __init__(self, func, template, stand_ins: list, checks: tuple[Check, ...]) -> None:
         self.func, self.template, self.stand_ins, self.checks = func, template, stand_ins, checks
+        self.probes = []  # (check, the probe's template and interned signature), built once
+        for check in checks:
+            probe = Template((Slot(0),), (("kind", check.kind), ("params", check.params)))
+            self.probes.append((check, probe, op_sig(VALUE_CHECK, probe, _PROBE_AVALS)))
 
     def record(self, ctx, node: Node | None, inputs: list, source=None, outputs: tuple = ()) -> None:
         """Record the check nodes of one call of the op ``node`` (Note [Value checks]).
@@ -84,31 +95,33 @@ class ValuePlan:
         (a decomposed op in strict mode); ``source`` says where it was recorded."""
         if not _config.VALUE_CHECKS.value:
             return
-        for check in self.checks:
-            x = inputs[check.leaf]
-            template = Template((Slot(0),), (("kind", check.kind), ("params", check.params)))
-            avals = (Aval((), torch.int64), Aval((), x.aval.dtype))
-            probe = Node(VALUE_CHECK, template, (x,), avals, node.source if node is not None else source)
-            position = Storage(Output(probe, 0), ctx.graph, ())
-            value = Storage(Output(probe, 1), ctx.graph, ())
-            pending = PendingValueCheck(self, check, node if node is not None else probe, position, value)
+        lane = ctx.lane()
+        graph = lane.graph
+        if node is not None:
+            source = node.source
+        for check, template, sig in self.probes:
+            probe = Node(VALUE_CHECK, template, (inputs[check.leaf],), _PROBE_AVALS, source, sig)
+            result = Storage(Output(probe, 0), graph, (1,))
+            pending = PendingValueCheck(self, check, node if node is not None else probe, result)
             if node is None:  # fail them with the probe's own result (Note [Failure isolation])
                 pending.extra = [
-                    (weakref.ref(s), position.value, weakref.ref(s.value.buffer))
+                    (weakref.ref(s), result.value, weakref.ref(s.value.buffer))
                     for s in outputs
                     if type(s.value) is Data
                 ]
-            ctx.watch_values(pending)  # not counted as a recorded op: the op it checks is
+            lane.value_checks.append(pending)  # not counted as a recorded op: the op it checks is
+
+    def value(self, check: Check, bits: int):
+        """The checked element's value from the probe's bits."""
+        dtype = self.stand_ins[check.leaf][1]
+        if dtype.is_floating_point:
+            return float(np.int64(bits).view(np.float64))
+        return bool(bits) if dtype is torch.bool else int(bits)
 
     def error(self, check: Check, position: int, value) -> BaseException:
         """torch's error for ``value`` at flat ``position`` of the checked tensor."""
         shape, dtype = self.stand_ins[check.leaf]
-        bad = torch.full(shape, check.fill, dtype=dtype)
-        if check.kind == "row_sums":  # the whole row sums to <= 0
-            rows = bad.view(-1, shape[-1] if shape else 1)
-            rows[position // rows.shape[1]] = 0
-        else:
-            bad.view(-1)[position] = value
+        bad = _REPLAYS.get(check.kind, _one_bad)(shape, dtype, check, position, value)
         leaves = [
             bad if i == check.leaf else (torch.zeros((), dtype=s[1]).expand(s[0]) if type(s) is tuple else s)
             for i, s in enumerate(self.stand_ins)
@@ -125,6 +138,29 @@ class ValuePlan:
         return RuntimeError(f"{self.func}: value {value} at position {position} is not valid")
 
 
+def _one_bad(shape, dtype, check: Check, position: int, value) -> torch.Tensor:
+    bad = torch.full(shape, check.fill, dtype=dtype)
+    bad.view(-1)[position] = value
+    return bad
+
+
+def _bad_row(shape, dtype, check: Check, position: int, value) -> torch.Tensor:
+    bad = torch.full(shape, check.fill, dtype=dtype)
+    rows = bad.view(-1, shape[-1] if shape else 1)
+    rows[position // rows.shape[1]] = 0  # the whole row sums to <= 0
+    return bad
+
+
+def _too_many(shape, dtype, check: Check, position: int, value) -> torch.Tensor:
+    bad = torch.zeros(check.params[1], dtype=dtype)  # the mask as broadcast, True up to the first one too many
+    bad.view(-1)[: position + 1] = True
+    return bad
+
+
+# kind -> the checked tensor of a CPU call that fails as the device's values did
+_REPLAYS = {"row_sums": _bad_row, "count_above": _too_many}
+
+
 @attrs.define(slots=True)
 class PendingValueCheck:
     """A value check in flight: recorded, then computed by a flush, then read.
@@ -135,11 +171,10 @@ class PendingValueCheck:
     plan: ValuePlan
     check: Check
     node: Node
-    position: Storage
-    value: Storage
+    result: Storage
     roots: list | None = None
     settled: list | None = None
-    extra: list = attrs.Factory(list)
+    extra: list | tuple = ()
 
 
 def plan(func, args, kwargs, template, values: list) -> ValuePlan | None:
@@ -234,6 +269,14 @@ def _fill_value(self, mask, value):
         return []
     info = torch.iinfo(self.dtype)
     return [(value, "fits", (info.min, info.max), 0)]
+
+
+@checks(aten.masked_scatter.default)
+def _masked_scatter(self, mask, source):
+    """No more True elements in the mask (as broadcast to ``self``) than ``source`` has elements."""
+    if mask.dtype is not torch.bool:
+        return []
+    return [(mask, "count_above", (source.numel(), tuple(torch.broadcast_shapes(self.shape, mask.shape))), False)]
 
 
 @checks(aten.multinomial.default)

@@ -2,7 +2,8 @@
 
 ``lazytpu.value_check`` computes, for one tensor an op reads, the flat
 position of its first bad element (``-1`` when every element is fine) and
-that element's value: two scalars, read by the host at the next host read.
+that element's value (its bits, for a float): one int64 pair, read by the
+host at the next host read.
 What "bad" means is a predicate per kind, a pure function of the tensor and
 static bounds.
 """
@@ -10,6 +11,7 @@ static bounds.
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax import lax
 
 from lazytpu.lowering.registry import lowering
 
@@ -23,6 +25,11 @@ def _out_of_range(x, lo, hi, ignore=None):
 
 def _does_not_fit(x, lo, hi):
     return ~((x >= lo) & (x <= hi))  # NaN does not fit
+
+
+def _count_above(x, n, shape):
+    counts = jnp.cumsum(jnp.broadcast_to(x, shape).reshape(-1).astype(jnp.int64))
+    return (counts > n).reshape(shape)
 
 
 def _not_a_probability(x):
@@ -50,6 +57,7 @@ def _zero(x):
 PREDICATES = {
     "range": _out_of_range,
     "fits": _does_not_fit,
+    "count_above": _count_above,
     "probability": _not_a_probability,
     "row_sums": _row_sum_not_positive,
     "unit_interval": _outside_unit_interval,
@@ -60,9 +68,13 @@ PREDICATES = {
 
 @lowering(VALUE_CHECK)
 def value_check(x, *, kind, params):
-    bad = PREDICATES[kind](x, *params).reshape(-1)
-    flat = x.reshape(-1)
+    bad = PREDICATES[kind](x, *params).reshape(-1)  # of x's shape, or of the shape x broadcasts to
     if bad.shape[0] == 0:
-        return jnp.int64(-1), jnp.zeros((), x.dtype)
+        return jnp.array([-1, 0], jnp.int64)
     pos = jnp.argmax(bad)
-    return jnp.where(bad[pos], pos, -1).astype(jnp.int64), flat[pos]
+    value = x.reshape(-1)[pos] if bad.shape[0] == x.size else jnp.zeros((), x.dtype)
+    if jnp.issubdtype(value.dtype, jnp.floating):  # its bits, to share one int64 output with the position
+        bits = lax.bitcast_convert_type(value.astype(jnp.float64), jnp.int64)
+    else:
+        bits = value.astype(jnp.int64)
+    return jnp.stack([jnp.where(bad[pos], pos, -1).astype(jnp.int64), bits])
