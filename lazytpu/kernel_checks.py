@@ -24,7 +24,7 @@ _KERNEL_ERRORS = re.compile(
     # index, target and mask dtypes of the indexing ops (_INDEX_CHECKED)
     r"|Expected dtype int(32|64)\S* (or int64 )?for index|Expected a long tensor for index"
     r"|expected target dtype to be|only supports boolean masks|Converting complex Scalar to non-complex"
-    r"|source tensor shape must match self tensor shape"
+    r"|source tensor shape must match self tensor shape|and source \(\w+\) must have the same scalar type"
 )
 
 # Indexing ops whose CPU kernels check their index (or mask) dtype, and a

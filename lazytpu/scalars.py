@@ -142,9 +142,13 @@ def per_call_check(func, kwargs, template, values, meta_out):
     must fit the op's dtype, else torch's kernel decides, on stand-ins."""
     name = _family(func)
     out = meta_out if isinstance(meta_out, torch.Tensor) else next(iter(meta_out), None)
-    if not isinstance(out, torch.Tensor) or out.dtype in (torch.float64, torch.complex128, torch.complex64):
+    if not isinstance(out, torch.Tensor) or out.dtype.is_complex:
         return None
     checks = []
+    if name in _CHECKED_CONVERSION_OPS and any(type(v) is Scalar and v.kind is complex for v in values):
+        checks.append(functools.partial(_check_complex, func, template))  # into a real dtype
+    if out.dtype is torch.float64:
+        return checks[0] if checks else None
     modulus = _division_modulus(func, kwargs, meta_out)
     if modulus is not None and len(values) > 1 and type(values[1]) is Scalar:
         checks.append(functools.partial(_check_lifted_divisor, modulus))
@@ -155,6 +159,13 @@ def per_call_check(func, kwargs, template, values, meta_out):
     if not checks:
         return None
     return checks[0] if len(checks) == 1 else lambda vals: [check(vals) for check in checks]
+
+
+def _check_complex(func, template, values) -> None:
+    """A complex number converted to a real dtype must have no imaginary part
+    (torch's checked conversion); torch's kernel words the error, on stand-ins."""
+    if any(type(v) is Scalar and v.kind is complex and v.value.imag != 0 for v in values):
+        _run_on_stand_ins(func, template, values)
 
 
 # Random ops whose CPU kernels check their parameters' values (``from <= to``,

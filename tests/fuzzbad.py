@@ -545,17 +545,6 @@ BAD_CALLS = _table()
 
 # Bad calls where tpu does not raise what CPU torch raises (yet): not drawn by
 # the fuzzer; test_excluded_bad_calls_still_differ fails once one is fixed.
-EXCLUDED = {
-    "dtype:source:index_add_": "index_add_ with a source of another dtype than self computes on tpu "
-    "(CPU: RuntimeError 'index_add_(): self (Long) and source (Float) must have the same scalar type')",
-    "data:masked_scatter_count": "masked_scatter_ with fewer source elements than the mask's ones computes on tpu "
-    "(CPU: RuntimeError 'Number of elements of source < number of ones in mask')",
-    "dtype:complex:fill_": "fill_ with a complex scalar into a real dtype computes on tpu, keeping the real part "
-    "(CPU: RuntimeError 'value cannot be converted to type float without overflow')",
-    "dtype:complex:setitem": "t[...] = 1j into a real dtype computes on tpu, as fill_ does "
-    "(CPU: RuntimeError 'value cannot be converted to type float without overflow')",
-    "dtype:complex:full": "torch.full with a complex fill value and a real dtype computes on tpu "
-    "(CPU: RuntimeError 'value cannot be converted to type float without overflow')",
-}
+EXCLUDED: dict[str, str] = {}
 
 DRAWN = tuple(name for name in BAD_CALLS if name not in EXCLUDED)

@@ -223,6 +223,17 @@ AT_CALL_CASES = {
     "searchsorted_uint8_sorter_right": lambda d: torch.searchsorted(
         _t(2, 3).to(d), _t(2, 1).to(d), right=True, sorter=torch.zeros(2, 3, dtype=torch.uint8).to(d)
     ),
+    # found by the bad-call fuzzer (tests/fuzzbad.py)
+    "index_add_source_dtype": lambda d: (
+        torch.zeros(3, 4, dtype=torch.int64).to(d).index_add_(0, torch.tensor([0]).to(d), torch.ones(1, 4).to(d))
+    ),
+    "index_add_source_double": lambda d: torch.index_add(
+        _t(3, 4).to(d), 0, torch.tensor([0]).to(d), torch.ones(1, 4, dtype=torch.float64).to(d)
+    ),
+    "fill_complex_into_float": lambda d: _t(3).to(d).fill_(1j),
+    "fill_complex_into_long": lambda d: torch.zeros(3, dtype=torch.int64).to(d).fill_(2 + 1j),
+    "setitem_complex_into_float": lambda d: _t(3).to(d).__setitem__(slice(None), 1j),
+    "full_complex_float_dtype": lambda d: torch.full((2,), 1j, dtype=torch.float32, device=d),
 }
 
 

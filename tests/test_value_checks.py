@@ -75,6 +75,14 @@ CASES = {
         aten.masked_fill.Tensor,
     ),
     "masked_fill_nan": (lambda d: _ints(d).masked_fill_(_mask(d), torch.tensor(float("nan"))), aten.masked_fill.Tensor),
+    "masked_scatter_count": (
+        lambda d: torch.zeros(4).to(d).masked_scatter_(_mask(d).repeat(2)[:4], torch.ones(1).to(d)),
+        aten.masked_scatter.default,
+    ),
+    "masked_scatter_broadcast_mask": (
+        lambda d: torch.zeros(2, 3).to(d).masked_scatter(_mask(d), torch.ones(3).to(d)),
+        aten.masked_scatter.default,
+    ),
     "multinomial_negative": (lambda d: torch.multinomial(torch.tensor([0.5, -0.1]).to(d), 1), aten.multinomial.default),
     "multinomial_nan": (
         lambda d: torch.multinomial(torch.tensor([0.5, float("nan")]).to(d), 1),
