@@ -14,6 +14,7 @@ each group, and padding ``dilation * (k - 1) - padding`` on each side (plus
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax
@@ -118,10 +119,24 @@ def _slow_conv_transpose(dtype, stride, output_padding) -> bool:
     for a half transposed convolution rather than oneDNN (one rounding of a
     float32 result): ``ConvParams::use_mkldnn`` refuses an output padding as
     large as the stride, and float16 wherever the CPU lacks oneDNN's float16
-    support (AVX512-FP16; not here), bfloat16 where it lacks bfloat16 support."""
-    if dtype == jnp.float16:
+    support (AVX512-FP16 or AMX-FP16: ``_onednn_float16``), bfloat16 where it
+    lacks bfloat16 support."""
+    if dtype == jnp.float16 and not _onednn_float16():
         return True
-    return dtype == jnp.bfloat16 and any(p >= s for p, s in zip(output_padding, stride))
+    return dtype in (jnp.bfloat16, jnp.float16) and any(p >= s for p, s in zip(output_padding, stride))
+
+
+@functools.cache
+def _onednn_float16() -> bool:
+    """Whether this host's CPU torch runs float16 convolutions in oneDNN
+    (ideep's ``has_fp16_type_support``: AVX512-FP16 or AMX-FP16), so that the
+    results tpu must match are computed that way."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        flags = ""
+    return " avx512_fp16" in flags or " amx_fp16" in flags or torch.cpu._is_amx_fp16_supported()
 
 
 @lowering(aten.convolution.default, aten.convolution_overrideable.default)
