@@ -130,3 +130,14 @@ def programs_run(fn) -> int:
 def eager_mode(request):
     """Parametrize a test over defer and strict mode."""
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def _no_failed_check_left_behind():
+    """A value check that failed is raised at the next host read (Note [Value checks]): a test must not
+    leave one for the next test to trip over (its bad op would compute a wrong value unnoticed)."""
+    yield
+    try:
+        torch.tpu.synchronize()  # runs and reads what the test left pending
+    except Exception as exc:  # noqa: BLE001 - reported as the test's own error
+        pytest.fail(f"the test left a failed value check for the next host read: {type(exc).__name__}: {exc}")
