@@ -28,9 +28,6 @@ from lazytpu.value_checks import HOST_CHECKED
 
 aten = torch.ops.aten
 
-# ops that index with integer tensors (each checked op records as usual when the mode is off)
-CHECKED = HOST_CHECKED
-
 
 def enabled() -> bool:
     return "bounds" in _config.DEBUG.value
@@ -45,8 +42,8 @@ def install() -> None:
     stay on dispatch's recorded fast path."""
     if _INSTALLED:
         return
-    handles(*CHECKED)(checked)
-    for op in CHECKED:
+    handles(*HOST_CHECKED)(checked)
+    for op in HOST_CHECKED:
         dispatch._RECORDED.pop(op, None)  # dispatch tries recorded ops before handlers
     _INSTALLED.append(True)
 

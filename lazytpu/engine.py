@@ -362,16 +362,7 @@ class DeviceContext:
             return self._without(roots, [exc.node], exc.error, execute)
         # A retry donates nothing: a failed attempt may have left a donated input to a part
         # that still needs it.
-        held = set().union(*(lane.graph.held_buffers() for lane in self.lanes.values())) if first else None
-        donate = (
-            tuple(
-                i
-                for i, (kind, buf) in enumerate(zip(program.input_kinds, inputs))
-                if isinstance(kind, Aval) and id(buf) not in held
-            )
-            if first
-            else ()
-        )
+        donate = self._donated(program, inputs) if first else ()
         blocking = MODE.current is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
         try:
             outs = execute(
@@ -398,6 +389,14 @@ class DeviceContext:
             more_done, more_failed = self._run(distinct[half:], execute, first=False)
             return done | more_done, failed | more_failed
         return {r: Data(buf, r.aval) for r, buf in zip(distinct, outs)}, {}
+
+    def _donated(self, program, inputs: list) -> tuple:
+        """Positions of the input buffers no lane's storage holds (Note [Donation])."""
+        held = set().union(*(lane.graph.held_buffers() for lane in self.lanes.values()))
+        kinds = program.input_kinds
+        return tuple(
+            i for i, (kind, buf) in enumerate(zip(kinds, inputs)) if isinstance(kind, Aval) and id(buf) not in held
+        )
 
     def _without(self, roots: list, culprits: list, error: BaseException, execute) -> tuple[dict, dict]:
         """Fail the roots that reach ``culprits`` with ``error``; run the rest."""
