@@ -37,9 +37,10 @@ test-contract: $(STAMP)
 coverage: $(STAMP)
 	$(BIN)/python -m lazytpu.tools.coverage --quiet > /dev/null
 
-# 2000 defer-mode training steps: memory, graph and caches must hold flat.
+# 2000 defer-mode training steps, then 3000 distinct shapes: memory, graph and caches must hold flat.
 soak: $(STAMP)
 	$(BIN)/python examples/soak.py 2000
+	$(BIN)/python examples/shapes_soak.py 3000
 
 # A long differential-fuzzing campaign of aliasing programs, with and without bad calls (random seed).
 fuzz: $(STAMP)

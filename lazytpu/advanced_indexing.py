@@ -45,8 +45,7 @@ _MASKS = (torch.bool, torch.uint8)
 _INDEX_DTYPES = frozenset({torch.int64, torch.int32, torch.uint8, torch.bool})
 
 # Calls already checked that hold no mask, by their signature (``_signature``)
-_CHECKED: set = set()
-_caches.register("indexing_checked", _CHECKED.clear)
+_CHECKED = _caches.memo("indexing_checked")
 
 
 def prepare_indexing(func, args, kwargs) -> tuple[tuple, object]:

@@ -128,8 +128,7 @@ def rebind_metadata(t: LazyTensor, fresh: LazyTensor) -> None:
 
 # -- overlapping writes ---------------------------------------------------------
 
-_OVERLAP_CHECKS: dict = {}
-_caches.register("overlap_checks", _OVERLAP_CHECKS.clear)
+_OVERLAP_CHECKS = _caches.memo("overlap_checks")
 
 
 def check_overlap(func, args, kwargs, written: LazyTensor) -> None:

@@ -60,8 +60,7 @@ def handles(*ops):
 
 # -- meta inference ------------------------------------------------------------
 
-_META_MEMO: dict = {}
-_caches.register("meta_memo", _META_MEMO.clear)
+_META_MEMO = _caches.memo("meta_memo")
 
 
 def _describe(v):
@@ -294,8 +293,7 @@ def _count_slots(leaf) -> int:
     return 0
 
 
-_PLANS: dict = {}
-_caches.register("record_plans", _PLANS.clear)
+_PLANS = _caches.memo("record_plans")
 # ops known to resolve straight to a recorded rule (not handlers, not views)
 _RECORDED: dict = {}
 _caches.register("recorded_ops", _RECORDED.clear)
@@ -535,8 +533,7 @@ def _resolves(func) -> bool:
     return get_rule(func) is not None or func in _DECOMPOSITIONS or func._can_decompose()
 
 
-_DECOMPOSED_CHECKED: set = set()
-_caches.register("decomposed_checked", _DECOMPOSED_CHECKED.clear)
+_DECOMPOSED_CHECKED = _caches.memo("decomposed_checked")
 
 
 def _check_with_meta(func, args, kwargs) -> None:

@@ -192,8 +192,7 @@ class _Batch:
 _BATCHABLE: dict = {}
 _caches.register("foreach_elements", _BATCHABLE.clear)
 # foreach call signature -> its _Batch, or False (run element by element)
-_BATCHES: dict = {}
-_caches.register("foreach_batches", _BATCHES.clear)
+_BATCHES = _caches.memo("foreach_batches")
 
 
 def _batchable(element):

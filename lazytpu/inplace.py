@@ -145,8 +145,7 @@ def _is_inplace(func) -> bool:
 # and the call signatures of them already checked with the meta kernel.
 _INPLACE: dict = {}
 _caches.register("inplace_ops", _INPLACE.clear)
-_INPLACE_CHECKED: set = set()
-_caches.register("inplace_checked", _INPLACE_CHECKED.clear)
+_INPLACE_CHECKED = _caches.memo("inplace_checked")
 
 
 def _run_inplace(func, functional, args, kwargs):
@@ -184,8 +183,7 @@ def _type_name(dtype: torch.dtype) -> str:
 
 
 _OUT_DTYPE_ERRORS = re.compile(r"dtype|type to be|can't be cast|floating point type|Expected .* type")
-_OUT_DTYPES_CHECKED: dict = {}
-_caches.register("out_dtypes_checked", _OUT_DTYPES_CHECKED.clear)
+_OUT_DTYPES_CHECKED = _caches.memo("out_dtypes_checked")
 
 
 def _check_out_dtypes(func, args, kwargs) -> None:

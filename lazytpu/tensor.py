@@ -50,10 +50,11 @@ class TensorDesc:
         return f"TensorDesc({list(self.shape)}, stride={self.stride}, offset={self.offset}, {self.dtype})"
 
 
-_DESCS: dict[tuple, TensorDesc] = {}
+_DESCS = _caches.memo("tensor_descriptors", limit=2 * _caches.MEMO_SIZE)
 # Cleared with the plans keyed by these descriptors' identities (dispatch): a
 # tensor made before the clear keeps its old descriptor, which then just misses.
-_caches.register("tensor_descriptors", _DESCS.clear)
+# A forgotten descriptor (Note [Memo bound]) misses the same way; it is kept
+# twice as long as a plan, so plans rarely outlive the descriptors they are keyed by.
 
 
 def describe(shape, stride, offset: int, storage_numel: int, dtype: torch.dtype) -> TensorDesc:

@@ -33,8 +33,7 @@ def _view_kind(func) -> str | None:
 _INPLACE_VIEW_OPS = frozenset({"t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_", "swapdims_", "swapaxes_"})
 
 
-_VIEW_PLANS: dict = {}
-_caches.register("view_plans", _VIEW_PLANS.clear)
+_VIEW_PLANS = _caches.memo("view_plans")
 
 
 def run_view(func, args, kwargs):

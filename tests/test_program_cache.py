@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import lazytpu
-from lazytpu import _config, runtime
+from lazytpu import _caches, _config, runtime
 from lazytpu.runtime import executor
 
 
@@ -93,3 +93,54 @@ def test_many_distinct_programs_run_at_flat_memory(bound):
     assert _mappings() - before < 30  # unbounded: about 3 more per program for these small ones
     assert runtime.cache_info()["entries"] == 4
     assert lazytpu.metrics.snapshot()["programs_evicted"] == 60
+
+
+def test_a_memo_forgets_its_oldest_quarter_when_full():
+    memo = _caches.Memo(8)
+    for i in range(8):
+        memo[i] = i
+    memo[3] = "again"  # an existing key makes no room
+    assert len(memo) == 8 and memo.forgotten == 0
+    memo[8] = 8
+    assert list(memo) == [2, 3, 4, 5, 6, 7, 8] and memo.forgotten == 2
+    assert memo.setdefault(9, "new") == "new" and memo.setdefault(9, "other") == "new"
+    memo.add("seen")
+    assert "seen" in memo and len(memo) <= 8
+
+
+@pytest.fixture
+def small_memos():
+    """Every recording memo limited to 16 entries (Note [Memo bound])."""
+    runtime.clear_caches()
+    memos = _caches.memos()
+    limits = {name: memo.limit for name, memo in memos.items()}
+    for memo in memos.values():
+        memo.limit = 16
+    yield memos
+    for name, memo in memos.items():
+        memo.limit = limits[name]
+    runtime.clear_caches()
+
+
+def _index_put_accumulate(n: int) -> None:
+    """PyTorch's test_index_put_accumulate_duplicate_indices, one size."""
+    indices = torch.empty(n, dtype=torch.double).uniform_(-1, 1).cumsum(0).long()
+    base, values = torch.randn(int(indices.abs().max()) + 1), torch.randn(n)
+    out = base.to("tpu").index_put((indices.to("tpu"),), values.to("tpu"), accumulate=True)
+    torch.testing.assert_close(out.cpu(), base.index_put((indices,), values, accumulate=True))
+
+
+def test_recording_memos_stay_bounded_over_many_shapes(bound, small_memos):
+    """Each new shape adds entries to the recording memos (metas, plans,
+    descriptors, op signatures): they stay within their limit, and a shape
+    whose entries were forgotten is planned again and still right."""
+    bound(4)
+    torch.manual_seed(0)
+    for n in range(1, 41):
+        _index_put_accumulate(n)
+    sizes = {name: len(memo) for name, memo in small_memos.items()}
+    assert max(sizes.values()) <= 16, sizes
+    for name in ("meta_memo", "record_plans", "tensor_descriptors", "op_signatures"):
+        assert small_memos[name].forgotten > 0, name
+    _index_put_accumulate(1)  # long forgotten
+    assert runtime.cache_info()["entries"] == 4

@@ -116,10 +116,11 @@ class OpSig:
         return f"OpSig{self.static!r}"
 
 
-_SIGS: dict[tuple, OpSig] = {}
+_SIGS = _caches.memo("op_signatures", limit=2 * _caches.MEMO_SIZE)
 # Cleared with the program caches: a node recorded before the clear keeps its
 # old OpSig, so a program mixing old and new ones gets a new key (a miss, never a wrong hit).
-_caches.register("op_signatures", _SIGS.clear)
+# The same holds for a forgotten signature (Note [Memo bound]); record plans hold
+# theirs, and signatures are kept twice as long as plans.
 
 
 def op_sig(op, spec, out_avals) -> OpSig:
