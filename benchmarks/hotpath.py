@@ -17,7 +17,8 @@ import timeit
 import torch
 
 import lazytpu
-from lazytpu import aliasing, debug, dispatch, engine
+from lazytpu import debug, engine
+from lazytpu.frontend import dispatch, windows
 from lazytpu.fusion import build_program
 from lazytpu.ir import Node, Output
 
@@ -95,7 +96,7 @@ def main() -> None:
         "call signature (plan key)": lambda: dispatch._signature(func, (x, y), {}),
         "plan lookup": lambda: dispatch._PLANS.get(key),
         "node": lambda: Node(func, plan.template, inputs, plan.out_avals, None, plan.static),
-        "output tensor (storage + wrapper)": lambda: aliasing.new_tensor_of(Output(node, 0), plan.descs[0], 0),
+        "output tensor (storage + wrapper)": lambda: windows.new_tensor_of(Output(node, 0), plan.descs[0], 0),
         "source location (user file:line)": lambda: debug.location(1),
         "dispatch() total": lambda: dispatch.dispatch(func, (x, y), {}),
     }

@@ -12,12 +12,14 @@ or run one by one (strict mode); see ``torch.tpu.set_eager_mode``.
 
 from __future__ import annotations
 
-# compile and distributed are imported for their registrations: the torch.compile
-# backend "tpu" and the torch.distributed backend "tpu_dist".
-from lazytpu import bounds, compile, debug, distributed, metrics, runtime  # noqa: F401
+from lazytpu import compile, debug, distributed, metrics, runtime  # noqa: F401
 from lazytpu.device import registration
 from lazytpu.engine import EagerMode, sync_all
-from lazytpu.tensor import LazyTensor
+
+# compile and distributed are imported for their registrations: the torch.compile
+# backend "tpu" and the torch.distributed backend "tpu_dist".
+from lazytpu.frontend.checks import bounds  # noqa: F401
+from lazytpu.frontend.tensor import LazyTensor
 
 __all__ = ["EagerMode", "LazyTensor", "debug", "metrics", "runtime", "sync"]
 __version__ = "0.1.0"

@@ -58,7 +58,7 @@ def number(value, dtype):
     the whole deferred program. The ops whose C++ kernels convert their
     scalar with an overflow check (``fill_``, ``full``, ``masked_fill``,
     ``clamp``'s bounds, ``alpha``, ...) raise torch's own error at the call:
-    dispatch runs such a call on CPU stand-ins first (``lazytpu.scalars``):
+    dispatch runs such a call on CPU stand-ins first (``lazytpu.frontend.checks.scalars``):
     once per call signature, and at every call for a number lifted to a
     program input (Note [Scalar lifting]) whose value is out of the range of
     the op's dtype (``half.fill_(1e6)``) or an integer divisor that wraps to 0.

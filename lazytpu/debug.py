@@ -148,8 +148,8 @@ def pending_graph(*tensors, format: str = "text") -> str:
             pending tensor on device 0).
         format: ``"text"`` or ``"dot"``.
     """
-    from lazytpu.aliasing import read
     from lazytpu.engine import context
+    from lazytpu.frontend.windows import read
     from lazytpu.fusion import build_program
     from lazytpu.ir import Output
 

@@ -91,7 +91,7 @@ class Lane:
         self.graph = graph
         self.thread = None if thread is None else weakref.ref(thread)
         self.checks: list = []  # Note [Deferred checks]
-        # Note [Value checks] (lazytpu.value_checks): recorded since the last flush, computed but not
+        # Note [Value checks] (lazytpu.frontend.checks.value_checks): recorded since the last flush, computed but not
         # read yet, and read but not raised yet
         self.value_checks: list = []
         self.computed_checks: list = []

@@ -16,7 +16,7 @@ supported dtype) two kinds of bad argument are made, one at a time:
 Each call runs on CPU torch and, where CPU raises, on ``tpu`` (defer mode;
 results are read with ``.cpu()`` so deferred work runs). A line is printed
 for each case where CPU raises and ``tpu`` computes (a missing check: see
-Note [Kernel checks] in lazytpu/kernel_checks.py), then each case where
+Note [Kernel checks] in lazytpu/frontend/checks/kernel_checks.py), then each case where
 both raise with a different exception type, and each where the messages
 differ, then the counts and the runtime. Each bad argument is tried on the
 first sample of each input rank that CPU rejects with it. Not part of the

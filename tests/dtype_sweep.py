@@ -7,7 +7,7 @@ sample is cast to each dtype the entry does *not* support on CPU and run on
 CPU torch and on ``tpu``. A line is printed for each case where CPU torch
 raises and ``tpu`` computes a result (a missing error: lazytpu's lowering
 accepts what torch's kernel rejects), then the count. Not part of the test
-suite: a survey for the next fix (Note [Kernel checks] in lazytpu/kernel_checks.py).
+suite: a survey for the next fix (Note [Kernel checks] in lazytpu/frontend/checks/kernel_checks.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from conftest import MODES, mode, no_fallback
 from lazytpu import _dtypes
 from lazytpu.ir import Aval
 from lazytpu.lowering.casts import convert
-from lazytpu.lowering.program import cast_to
+from lazytpu.lowering.to_jax import cast_to
 
 pytestmark = pytest.mark.filterwarnings("ignore:Casting complex values to real discards the imaginary part")
 

@@ -422,11 +422,11 @@ def _section_functional(rank, world):
 
 def _section_coordinator_bind(rank, world):
     """JAX's coordinator (on rank 0) listens on MASTER_ADDR only, not on a wildcard address."""
-    from lazytpu.distributed import runtime
+    from lazytpu.distributed import jax_runtime
 
     if rank != 0 or not os.path.exists("/proc/net/tcp"):
         return
-    port = int(runtime.RUNTIME.coordinator_address.rsplit(":", 1)[1])
+    port = int(jax_runtime.RUNTIME.coordinator_address.rsplit(":", 1)[1])
     listening = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(table) as f:

@@ -291,7 +291,7 @@ def test_kernel_check_leaves_cpu_generator():
 def test_dim_check_once_per_call_signature(monkeypatch):
     """The dim check runs the CPU kernel on stand-ins when a call signature is
     first planned, never again for it (Note [Dim checks]): not on the hot path."""
-    from lazytpu import scalars
+    from lazytpu.frontend.checks import scalars
 
     runs = []
     cpu_error = scalars.cpu_error

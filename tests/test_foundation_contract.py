@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from packaging.requirements import Requirement
 
 import lazytpu
-import lazytpu.dispatch
+import lazytpu.frontend.dispatch
 
 ROOT = Path(__file__).resolve().parent.parent
 F16, BF16, F32, F64, I32, I64, B = (
@@ -312,7 +312,7 @@ def test_fallback_warns_once_per_op_and_counts_every_call(eager_mode):
     lazytpu.metrics.reset()
     with mode(eager_mode), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fallback_warned = lazytpu.fallback._WARNED
+        fallback_warned = lazytpu.frontend.routes.fallback._WARNED
         fallback_warned.difference_update(
             {"lazytpu_contract_fallback.plus_one.default", "lazytpu_contract_fallback.times_three.default"}
         )

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 from conftest import tolerance
 
-from lazytpu.tensor import REPRESENTATION, LazyTensor
+from lazytpu.frontend.tensor import REPRESENTATION, LazyTensor
 
 
 class Tied(nn.Module):

@@ -184,7 +184,7 @@ def test_reduction(name, data):
 
 # Ops whose meta kernel accepts an empty input that CPU torch rejects (IndexError
 # from max.dim): lazytpu re-checks empty calls on CPU when it records them
-# (Note [Kernel checks] in lazytpu.kernel_checks), so the error comes at the call.
+# (Note [Kernel checks] in lazytpu.frontend.checks.kernel_checks), so the error comes at the call.
 @pytest.mark.parametrize("name", ["max", "min"])
 def test_empty_reduction_error_type(name, eager_mode):
     assert tpu_error(lambda t: REDUCTIONS[name].fn(t, 0, False), torch.empty(0), mode_name=eager_mode) is IndexError

@@ -369,7 +369,8 @@ def test_cache_info_counts_hits_and_misses_and_disk_bytes():
 
 
 def test_clear_caches_clears_every_in_memory_cache_and_keeps_tensors_working():
-    from lazytpu import dispatch, tensor, views
+    from lazytpu.frontend import dispatch, tensor
+    from lazytpu.frontend.routes import views
     from lazytpu.ir import node
 
     cpu = torch.randn(4, 6)

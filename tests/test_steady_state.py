@@ -148,7 +148,7 @@ def test_inplace_ops_match_cpu_and_record_no_extra_tensor(case):
 
 
 def test_views_are_planned_once():
-    from lazytpu import views
+    from lazytpu.frontend.routes import views
 
     x = torch.randn(3, 4, device="tpu")
     x.t()

@@ -74,7 +74,7 @@ def install() -> None:
     from torch._dynamo.backends.registry import register_backend
     from torch._dynamo.variables import builder
 
-    from lazytpu.tensor import LazyTensor
+    from lazytpu.frontend.tensor import LazyTensor
 
     wrap = builder.VariableBuilder._wrap
 

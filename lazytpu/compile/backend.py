@@ -26,7 +26,7 @@ from torch._functorch.aot_autograd import aot_module_simplified
 
 from lazytpu import _caches, _config
 from lazytpu.compile.fx_lowering import GraphProgram, lowerable, missing_ops
-from lazytpu.dispatch import run_foreach
+from lazytpu.frontend.dispatch import run_foreach
 
 __all__ = ["backend", "decompositions"]
 

@@ -49,17 +49,18 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_
 from torch.autograd.graph import increment_version
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
-from lazytpu import _caches, _dtypes, hostio
-from lazytpu.aliasing import contiguous_strides, new_tensor_of, view_dtype, write_value
+from lazytpu import _caches, _dtypes
 from lazytpu.compile.explain import observe_compile
 from lazytpu.engine import RNG_AVAL, STEPS_DUE, context, run_due_steps
+from lazytpu.frontend import hostio
+from lazytpu.frontend.tensor import LazyTensor, describe
+from lazytpu.frontend.windows import contiguous_strides, new_tensor_of, view_dtype, write_value
 from lazytpu.ir import Aval, Node, Output, Scalar, Storage
 from lazytpu.ir.node import op_sig
 from lazytpu.ir.template import Slot, Template, fill, flatten
 from lazytpu.lowering import apply_op, get_rule, lowering
 from lazytpu.lowering.casts import convert
-from lazytpu.lowering.views import VIEW_READ
-from lazytpu.tensor import LazyTensor, describe
+from lazytpu.lowering.strided import VIEW_READ
 
 aten = torch.ops.aten
 

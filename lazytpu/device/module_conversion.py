@@ -32,7 +32,7 @@ import functools
 
 import torch
 
-from lazytpu.tensor import LazyTensor, user_state
+from lazytpu.frontend.tensor import LazyTensor, user_state
 
 
 def _swapped_into(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:

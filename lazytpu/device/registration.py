@@ -12,13 +12,15 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils import _foreach_utils
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from lazytpu import _config, bounds, hostio
+from lazytpu import _config
 from lazytpu.device import autocast, sdpa, tpu
 from lazytpu.device.module_conversion import keep_parameters
-from lazytpu.dispatch import record
 from lazytpu.engine import context
+from lazytpu.frontend import hostio
+from lazytpu.frontend.checks import bounds
+from lazytpu.frontend.dispatch import record
+from lazytpu.frontend.tensor import LazyTensor
 from lazytpu.lowering import get_rule
-from lazytpu.tensor import LazyTensor
 
 aten = torch.ops.aten
 
@@ -78,13 +80,13 @@ def _after_optimizer_step(optimizer, args, kwargs) -> None:
 def _copy_from(src, dst, non_blocking=False):
     """Cross-device copy, reached with the Python key excluded (e.g. inside
     ``torch.tensor(data, device="tpu")``)."""
-    from lazytpu.handlers import copy_
+    from lazytpu.frontend.routes.handlers import copy_
 
     return copy_(aten.copy_.default, (dst, src), {})
 
 
 def _copy_from_and_resize(src, dst):
-    from lazytpu.views import resize_to
+    from lazytpu.frontend.routes.views import resize_to
 
     if dst.device.type == "tpu":
         resize_to(dst, src.shape)
@@ -97,7 +99,7 @@ def _backend_fallback(op, *args, **kwargs):
     """Ops that reach the ``tpu`` backend key without a LazyTensor argument
     (factories such as ``tril_indices(3, 3, device="tpu")``): resolve them
     like any other op."""
-    from lazytpu.dispatch import dispatch
+    from lazytpu.frontend.dispatch import dispatch
 
     return dispatch(op, args, kwargs)
 

@@ -19,9 +19,9 @@ from lazytpu.distributed import (
     ddp,
     functional,  # noqa: F401  (handlers of _c10d_functional ops)
 )
+from lazytpu.distributed.jax_runtime import JaxOptions, options
 from lazytpu.distributed.local import LocalMesh
 from lazytpu.distributed.process_group import BACKEND, ProcessGroupTPU
-from lazytpu.distributed.runtime import JaxOptions, options
 
 __all__ = ["BACKEND", "JaxOptions", "LocalMesh", "ProcessGroupTPU", "options"]
 
@@ -30,18 +30,18 @@ ALIASES = (BACKEND, "tpu")
 
 def _create(backend_opts, pg_options) -> ProcessGroupTPU:
     """torch's constructor hook (``extended_api``): one call per group and rank."""
-    from lazytpu.distributed import runtime
+    from lazytpu.distributed import jax_runtime
 
     rank, size = backend_opts.group_rank, backend_opts.group_size
     ranks = tuple(backend_opts.global_ranks_in_group) or tuple(range(size))
-    if not runtime.started():
+    if not jax_runtime.started():
         if dist.is_initialized() and dist.get_world_size() > 1:
             raise RuntimeError(
                 "lazytpu: the tpu_dist backend must be part of the default process group "
                 "(init_process_group(backend='tpu_dist') or 'cpu:gloo,tpu:tpu_dist'), since JAX's "
                 "multi-process runtime starts with it"
             )
-        runtime.ensure_started(backend_opts.store, rank, size, backend_opts.timeout)
+        jax_runtime.ensure_started(backend_opts.store, rank, size, backend_opts.timeout)
     return ProcessGroupTPU(backend_opts.store, rank, size, backend_opts.timeout, ranks)
 
 

@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from lazytpu import _caches
-from lazytpu.distributed.runtime import AXIS
+from lazytpu.distributed.jax_runtime import AXIS
 
 REDUCE_OPS = ("sum", "avg", "max", "min", "product", "band", "bor", "bxor")
 

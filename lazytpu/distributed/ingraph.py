@@ -34,14 +34,14 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from lazytpu import _caches, metrics
-from lazytpu.aliasing import read, write_value
 from lazytpu.distributed import collectives
 from lazytpu.engine import context
+from lazytpu.frontend.tensor import LazyTensor
+from lazytpu.frontend.windows import read, write_value
 from lazytpu.ir import Aval, Node, Output
 from lazytpu.ir.template import Slot, Template
 from lazytpu.lowering.registry import lowering
 from lazytpu.runtime import executor
-from lazytpu.tensor import LazyTensor
 
 COLLECTIVE = "lazytpu.collective"
 

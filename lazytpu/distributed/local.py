@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from lazytpu.distributed import collectives
+from lazytpu.distributed.jax_runtime import AXIS
 from lazytpu.distributed.process_group import _bind, _device_arrays
-from lazytpu.distributed.runtime import AXIS
 from lazytpu.runtime import platform
 
 __all__ = ["LocalMesh"]

@@ -22,11 +22,11 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 from torch._C._distributed_c10d import _create_work_from_future
 
-from lazytpu.aliasing import contiguous_strides, new_tensor, write_value
-from lazytpu.distributed import collectives, ingraph, runtime
+from lazytpu.distributed import collectives, ingraph, jax_runtime
 from lazytpu.engine import context
+from lazytpu.frontend.tensor import LazyTensor
+from lazytpu.frontend.windows import contiguous_strides, new_tensor, write_value
 from lazytpu.ir import Data, Failed, Output
-from lazytpu.tensor import LazyTensor
 
 BACKEND = "tpu_dist"
 
@@ -154,7 +154,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
     # -- helpers ------------------------------------------------------------
     def _run(self, name: str, inputs, **static) -> list[jax.Array]:
         index = _device_index(inputs)
-        return collectives.run(name, runtime.mesh(self._ranks, index), _device_arrays(inputs), **static)
+        return collectives.run(name, jax_runtime.mesh(self._ranks, index), _device_arrays(inputs), **static)
 
     def _whole_world(self) -> bool:
         if self._world is None:
@@ -167,13 +167,13 @@ class ProcessGroupTPU(dist.ProcessGroup):
         (Note [In-graph collectives]), else run now as a program of its own."""
         index = _device_index([source, *outputs])
         if self._whole_world() and not any(_complex_view(t) for t in (source, *outputs)):
-            ingraph.record(name, runtime.mesh(self._ranks, index), source, list(outputs), **static)
+            ingraph.record(name, jax_runtime.mesh(self._ranks, index), source, list(outputs), **static)
             return
         flatten = static.pop("flatten", False)
         (array,) = _device_arrays([source])
         if flatten or array.ndim == 0:
             array = array.reshape(-1)
-        results = collectives.run(name, runtime.mesh(self._ranks, index), [array], **static)
+        results = collectives.run(name, jax_runtime.mesh(self._ranks, index), [array], **static)
         for out, result in zip(outputs, results):
             _bind(out, result)
 
@@ -372,15 +372,15 @@ class ProcessGroupTPU(dist.ProcessGroup):
         ranks) moving ``src``'s ``t`` to ``dst``."""
         if src == dst:
             raise ValueError(f"lazytpu tpu_dist: send/recv of rank {src} to itself")
-        mesh = runtime.mesh((self._ranks[src], self._ranks[dst]), _device_index([t]))
+        mesh = jax_runtime.mesh((self._ranks[src], self._ranks[dst]), _device_index([t]))
         (out,) = collectives.run("permute", mesh, _device_arrays([t]), pairs=((0, 1),))
         return out
 
     # -- barrier ----------------------------------------------------------------------
     def barrier(self, opts=None):
         index = torch.tpu.current_device()
-        token = jax.device_put(jax.numpy.zeros((1,), jax.numpy.int32), runtime.platform.device(index))
-        (out,) = collectives.run("all_reduce", runtime.mesh(self._ranks, index), [token], op="sum", size=self._size)
+        token = jax.device_put(jax.numpy.zeros((1,), jax.numpy.int32), jax_runtime.platform.device(index))
+        (out,) = collectives.run("all_reduce", jax_runtime.mesh(self._ranks, index), [token], op="sum", size=self._size)
         out.block_until_ready()
         return _done([])
 

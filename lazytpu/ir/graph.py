@@ -29,7 +29,7 @@ class Storage:
     """The mutable value cell shared by aliasing tensors.
 
     ``value`` is a logical array of the base layout: shape ``value.aval.shape``
-    and memory strides ``stride`` (Note [Views as strides] in lowering/views).
+    and memory strides ``stride`` (Note [Views as strides] in lowering/strided).
     """
 
     __slots__ = ("value", "graph", "stride", "__weakref__")

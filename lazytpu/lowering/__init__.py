@@ -23,10 +23,10 @@ from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
     shape,
     sorting,
     special,
+    strided,
     upsample,
-    views,
 )
-from lazytpu.lowering.program import LoweringError, apply_op, lower_program
 from lazytpu.lowering.registry import get_rule, lowering, registered_ops
+from lazytpu.lowering.to_jax import LoweringError, apply_op, lower_program
 
 __all__ = ["LoweringError", "apply_op", "get_rule", "lower_program", "lowering", "registered_ops"]

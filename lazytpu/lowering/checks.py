@@ -1,4 +1,4 @@
-"""The in-program value checks (Note [Value checks] in lazytpu.value_checks).
+"""The in-program value checks (Note [Value checks] in lazytpu.frontend.checks.value_checks).
 
 ``lazytpu.value_check`` computes, for one tensor an op reads, the flat
 position of its first bad element (``-1`` when every element is fine) and

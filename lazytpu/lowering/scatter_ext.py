@@ -17,7 +17,7 @@ import torch
 from lazytpu.lowering.indexing import scatter_reduce
 from lazytpu.lowering.registry import lowering
 from lazytpu.lowering.shape import _along, _dim
-from lazytpu.lowering.views import write_window
+from lazytpu.lowering.strided import write_window
 
 aten = torch.ops.aten
 

@@ -23,7 +23,7 @@ from jax import lax
 
 from lazytpu import _dtypes
 from lazytpu.lowering.registry import lowering
-from lazytpu.lowering.views import reinterpret
+from lazytpu.lowering.strided import reinterpret
 
 aten = torch.ops.aten
 

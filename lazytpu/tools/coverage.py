@@ -38,14 +38,15 @@ STATUSES = ("lowered", "decomposed", "fallback", "failing")
 def route(func) -> str | None:
     """How the dispatcher resolves ``func`` when nothing fails:
     ``"lowered"``, ``"decomposed"`` or None (CPU fallback)."""
-    from lazytpu import dispatch, inplace, views
+    from lazytpu.frontend import dispatch
+    from lazytpu.frontend.routes import inplace, views
     from lazytpu.lowering import get_rule
 
     if func in dispatch._HANDLERS or get_rule(func) is not None or views._view_kind(func):
         return "lowered"
     name = func._schema.name
     if name.startswith("aten::_foreach_"):
-        from lazytpu.foreach import element_op
+        from lazytpu.frontend.routes.foreach import element_op
 
         return "decomposed" if element_op(func) is not None else None
     if inplace._is_inplace(func) or inplace._out_args(func):

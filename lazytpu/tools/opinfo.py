@@ -367,7 +367,7 @@ def _short(exc: Exception) -> str:
 def traced_ops() -> Iterator[set]:
     """The set of ops that reach lazytpu's dispatcher inside the block
     (filled as they arrive; the dispatcher is restored on exit)."""
-    from lazytpu import tensor
+    from lazytpu.frontend import tensor
 
     dispatch, on_backward_error = tensor._DISPATCH
     seen: set = set()

@@ -7,7 +7,7 @@ import re
 
 import torch
 
-from lazytpu import scalars
+from lazytpu.frontend.checks import scalars
 from lazytpu.ir import Scalar
 
 # Errors of CPU kernels that meta kernels do not raise, and that do not

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from lazytpu import _caches
 from lazytpu.engine import context
+from lazytpu.frontend.tensor import LazyTensor, TensorDesc, describe
 from lazytpu.ir import Aval, Node, Output, Storage
 from lazytpu.ir.template import Slot, Template
-from lazytpu.lowering.views import VIEW_READ, VIEW_WRITE, overlaps_itself
-from lazytpu.tensor import LazyTensor, TensorDesc, describe
+from lazytpu.lowering.strided import VIEW_READ, VIEW_WRITE, overlaps_itself
 
 
 def contiguous_strides(shape) -> tuple[int, ...]:
@@ -124,80 +123,3 @@ def rebind_metadata(t: LazyTensor, fresh: LazyTensor) -> None:
     t._lt_desc = fresh._lt_desc
     t._lt_window = fresh._lt_window
     t._lt_cache = None
-
-
-# -- overlapping writes ---------------------------------------------------------
-
-_OVERLAP_CHECKS = _caches.memo("overlap_checks")
-
-
-def check_overlap(func, args, kwargs, written: LazyTensor) -> None:
-    """Raise torch's error for a write into ``written`` that CPU torch refuses.
-
-    Note [Overlapping writes]: torch refuses a write whose target has elements
-    sharing memory (an expanded tensor) or that partially overlaps one of the
-    op's inputs ("unsupported operation: ..."), and warns for some of them;
-    meta kernels check neither. When the target could overlap (a zero stride,
-    or another input on its storage), the op runs on CPU zeros with the same
-    layouts and the same storage sharing, and its error is raised (its
-    warnings reach the caller as torch's own). The outcome is cached per
-    layout, except for a self-overlapping target, whose warnings repeat.
-    """
-    storage = written._lt_storage
-    leaves = _tensor_leaves((args, kwargs))
-    shared = any(t is not written and t._lt_storage is storage for t in leaves)
-    overlapping = 0 in written.stride() and torch._debug_has_internal_overlap(written) == 1
-    if not (shared or overlapping):
-        return
-    groups = [next(i for i, u in enumerate(leaves) if u._lt_storage is t._lt_storage) for t in leaves]
-    key = (func, tuple(t._lt_desc for t in leaves), tuple(groups))
-    error = _OVERLAP_CHECKS.get(key, False)
-    if error is False:
-        error = cpu_probe(func, args, kwargs)
-        if not (isinstance(error, RuntimeError) and str(error).startswith("unsupported operation:")):
-            error = None
-        if not overlapping:
-            _OVERLAP_CHECKS[key] = error
-    if error is not None:
-        raise RuntimeError(str(error))
-
-
-def _tensor_leaves(x) -> list:
-    if type(x) is LazyTensor:
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for y in x for t in _tensor_leaves(y)]
-    if isinstance(x, dict):
-        return _tensor_leaves(list(x.values()))
-    return []
-
-
-def cpu_probe(func, args, kwargs) -> Exception | None:
-    """What ``func`` raises on CPU torch with zeros in tensors of the arguments' layouts
-    (tensors sharing a storage share one here too); None when it raises nothing."""
-    leaves = _tensor_leaves((args, kwargs))
-    groups = [next(i for i, u in enumerate(leaves) if u._lt_storage is t._lt_storage) for t in leaves]
-    sizes: dict = {}
-    for t, g in zip(leaves, groups):
-        sizes[g] = max(sizes.get(g, 0), t._lt_desc.storage_numel * t.dtype.itemsize)
-    buffers = {g: torch.zeros(-(-n // 16) * 16, dtype=torch.uint8) for g, n in sizes.items()}
-    proxies = {
-        id(t): buffers[g].view(t.dtype).as_strided(t.shape, t.stride(), t.storage_offset())
-        for t, g in zip(leaves, groups)
-    }
-
-    def cpu(x):
-        if type(x) is LazyTensor:
-            return proxies[id(x)]
-        if isinstance(x, (list, tuple)):
-            return type(x)(cpu(y) for y in x)
-        if isinstance(x, torch.device) or (isinstance(x, str) and x.startswith("tpu")):
-            return torch.device("cpu")
-        return x
-
-    try:
-        with torch.no_grad():
-            func(*cpu(tuple(args)), **{k: cpu(v) for k, v in kwargs.items()})
-    except Exception as exc:  # noqa: BLE001 - the caller picks the errors it re-raises
-        return exc
-    return None

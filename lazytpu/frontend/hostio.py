@@ -11,8 +11,8 @@ import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
 from lazytpu import _caches, runtime
-from lazytpu.aliasing import new_tensor, rebind_metadata, view_dtype, view_of
 from lazytpu.engine import context
+from lazytpu.frontend.windows import new_tensor, rebind_metadata, view_dtype, view_of
 from lazytpu.ir import Aval, Data, Failed, Output
 
 # numpy has no bfloat16: move its bits as uint16 (Note [bfloat16 transfers]).

@@ -8,10 +8,11 @@ import re
 import torch
 
 from lazytpu import _caches
-from lazytpu.aliasing import check_overlap, cpu_probe, write
+from lazytpu.frontend.checks.overlap import check_overlap
+from lazytpu.frontend.checks.probe import cpu_probe
 
 # dispatch imports this module after defining these (as it does foreach and handlers)
-from lazytpu.dispatch import (
+from lazytpu.frontend.dispatch import (
     _RECORDED,
     MetaUnavailable,
     _check_generator,
@@ -20,9 +21,10 @@ from lazytpu.dispatch import (
     dispatch,
     record,
 )
-from lazytpu.fallback import DATA_DEPENDENT, cpu_fallback
-from lazytpu.tensor import LazyTensor
-from lazytpu.views import resize_to
+from lazytpu.frontend.routes.fallback import DATA_DEPENDENT, cpu_fallback
+from lazytpu.frontend.routes.views import resize_to
+from lazytpu.frontend.tensor import LazyTensor
+from lazytpu.frontend.windows import write
 
 aten = torch.ops.aten
 

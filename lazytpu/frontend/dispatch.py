@@ -3,7 +3,7 @@
 Order of resolution for an op (Note [Resolution order]):
 
 1. a dispatch-level handler (device moves, ``copy_``, ``item``);
-2. a view op: the output shares the input's storage (``aliasing``);
+2. a view op: the output shares the input's storage (``frontend.windows``);
 3. a lowering rule: the op is recorded (meta kernel for avals and errors);
 4. an in-place or ``out=`` form of an op that resolves: run the functional
    op, then write the result into the target (``writes``);
@@ -23,17 +23,19 @@ import warnings
 import torch
 from torch._decomp import decomposition_table
 
-from lazytpu import _caches, debug, hostio, metas, scalars, value_checks
-from lazytpu.aliasing import contiguous_strides, new_tensor_of, read
+from lazytpu import _caches, debug
 from lazytpu.engine import RNG_AVAL, STEPS_DUE, context, run_due_steps
-from lazytpu.fallback import DATA_DEPENDENT, _map_tensors, cpu_fallback
+from lazytpu.frontend import hostio, metas
+from lazytpu.frontend.checks import scalars, value_checks
+from lazytpu.frontend.checks.kernel_checks import _check_kernel_dtypes
+from lazytpu.frontend.checks.scalars import is_tpu_device
+from lazytpu.frontend.routes.fallback import DATA_DEPENDENT, _map_tensors, cpu_fallback
+from lazytpu.frontend.tensor import LazyTensor, describe, set_dispatcher
+from lazytpu.frontend.windows import contiguous_strides, new_tensor_of, read
 from lazytpu.ir import Failed, Node, Output, Scalar, Storage
 from lazytpu.ir.node import op_sig
 from lazytpu.ir.template import Slot, Template, fill, flatten
-from lazytpu.kernel_checks import _check_kernel_dtypes
 from lazytpu.lowering import get_rule
-from lazytpu.scalars import is_tpu_device
-from lazytpu.tensor import LazyTensor, describe, set_dispatcher
 
 aten = torch.ops.aten
 
@@ -578,8 +580,8 @@ def failed_outputs(func, args, kwargs, error: Exception):
 set_dispatcher(dispatch, failed_outputs)
 
 # These modules import the recording functions above, so they come last.
-from lazytpu import foreach, handlers  # noqa: E402,F401  (handlers registers the dispatch-level handlers)
-from lazytpu.advanced_indexing import INDEX_OPS, prepare_indexing  # noqa: E402
-from lazytpu.foreach import run_foreach  # noqa: E402,F401  (also the compile backend's decomposition)
-from lazytpu.inplace import _INPLACE, _functional_of, _is_inplace, _out_args, _run_inplace, _run_out  # noqa: E402
-from lazytpu.views import _view_kind, run_inplace_view, run_view  # noqa: E402
+from lazytpu.frontend.routes import foreach, handlers  # noqa: E402,F401  (handlers registers the dispatch-level handlers)
+from lazytpu.frontend.routes.advanced_indexing import INDEX_OPS, prepare_indexing  # noqa: E402
+from lazytpu.frontend.routes.foreach import run_foreach  # noqa: E402,F401  (also the compile backend's decomposition)
+from lazytpu.frontend.routes.inplace import _INPLACE, _functional_of, _is_inplace, _out_args, _run_inplace, _run_out  # noqa: E402
+from lazytpu.frontend.routes.views import _view_kind, run_inplace_view, run_view  # noqa: E402

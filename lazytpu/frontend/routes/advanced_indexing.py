@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import torch
 
-from lazytpu import _caches, hostio
-from lazytpu.fallback import cpu_fallback
-from lazytpu.inplace import _type_name
-from lazytpu.tensor import LazyTensor
+from lazytpu import _caches
+from lazytpu.frontend import hostio
+from lazytpu.frontend.routes.fallback import cpu_fallback
+from lazytpu.frontend.routes.inplace import _type_name
+from lazytpu.frontend.tensor import LazyTensor
 
 aten = torch.ops.aten
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import torch
 
 from lazytpu import _dtypes
-from lazytpu.ir.foreach import ForeachOp
+from lazytpu.ir.foreach_node import ForeachOp
 from lazytpu.ir.template import fill
 from lazytpu.lowering.casts import convert
 from lazytpu.lowering.registry import get_rule

@@ -19,7 +19,7 @@ value alone, so that torch itself writes the message, and lazytpu adds the
 op and the user's ``file:line``. The values that depend on the op (in the
 program that computed it) fail with that error (Note [Failure isolation]).
 ``LAZYTPU_DEBUG=bounds`` checks the index ops on the host instead
-(lazytpu.bounds), at the cost of a blocking read per op.
+(lazytpu.frontend.checks.bounds), at the cost of a blocking read per op.
 
 A rule below says, from an op's arguments (shapes and dims only), which
 tensors to check, with which predicate and bounds; it runs once per call
@@ -306,7 +306,7 @@ def _integer_division(self, other, **kwargs):
     return [(other, "nonzero", (), 1)]
 
 
-# the ops lazytpu.bounds checks on the host instead when LAZYTPU_DEBUG has "bounds"
+# the ops lazytpu.frontend.checks.bounds checks on the host instead when LAZYTPU_DEBUG has "bounds"
 HOST_CHECKED = (
     aten.index.Tensor,
     aten.index_put.default,

@@ -14,7 +14,7 @@ import torch
 from lazytpu import _caches
 
 _DEVICES: dict[int, torch.device] = {}
-# The dispatcher lives in lazytpu.dispatch (which imports this module); it
+# The dispatcher lives in lazytpu.frontend.dispatch (which imports this module); it
 # installs itself here with ``set_dispatcher``.
 _DISPATCH: list = [None, None]
 
@@ -162,7 +162,7 @@ class LazyTensor(torch.Tensor):
         the tensors saved with it as on CPU (Note [Checkpoint storages]). A
         Parameter is rebuilt as one, with its attributes, as
         ``Parameter.__reduce_ex__`` does (hooks are not saved)."""
-        from lazytpu import hostio
+        from lazytpu.frontend import hostio
 
         if vars(self).get("_is_param"):
             state = user_state(self)
@@ -178,7 +178,7 @@ class LazyTensor(torch.Tensor):
         return rebuild, (host, self.dtype, str(self.device), self.requires_grad)
 
     def tolist(self):
-        from lazytpu import hostio
+        from lazytpu.frontend import hostio
 
         return hostio.to_cpu(self, reason="tolist").tolist()
 

@@ -10,14 +10,16 @@ import math
 import jax
 import torch
 
-from lazytpu import debug, hostio, runtime
-from lazytpu.aliasing import check_overlap, contiguous_strides, new_tensor, rebind_metadata, view_of, write
-from lazytpu.dispatch import _check_with_meta, handles, record
+from lazytpu import debug, runtime
 from lazytpu.engine import DeferredCheck, context
+from lazytpu.frontend import hostio
+from lazytpu.frontend.checks.overlap import check_overlap
+from lazytpu.frontend.dispatch import _check_with_meta, handles, record
+from lazytpu.frontend.routes.views import check_in_bounds, storage_nbytes
+from lazytpu.frontend.tensor import LazyTensor
+from lazytpu.frontend.windows import contiguous_strides, new_tensor, rebind_metadata, view_of, write
 from lazytpu.ir import Data, Failed, Output
 from lazytpu.lowering import get_rule
-from lazytpu.tensor import LazyTensor
-from lazytpu.views import check_in_bounds, storage_nbytes
 
 aten = torch.ops.aten
 
@@ -217,7 +219,7 @@ _NORM_TRAINING_ARG = {
 @handles(*_NORM_TRAINING_ARG)
 def norm_statistics(func, args, kwargs):
     """Note [CPU norm statistics]."""
-    from lazytpu.dispatch import _DECOMPOSITIONS, _check_with_meta
+    from lazytpu.frontend.dispatch import _DECOMPOSITIONS, _check_with_meta
 
     rule = get_rule(func)
     if rule is not None:

@@ -2,7 +2,7 @@
 
 Note [Index bounds]: by default an integer index *tensor* is checked inside
 its program and the error raised at the next host read (Note [Value checks]
-in lazytpu.value_checks). With ``LAZYTPU_DEBUG=bounds`` every op below
+in lazytpu.frontend.checks.value_checks). With ``LAZYTPU_DEBUG=bounds`` every op below
 instead snapshots its integer index tensors when recorded and, once they are
 computed (at the next flush: Note [Deferred checks]), runs itself on the CPU
 with those indices and data-free stand-ins for the other tensors, so that
@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import torch
 
-from lazytpu import _config, debug, dispatch, hostio, value_checks
-from lazytpu.aliasing import read
-from lazytpu.dispatch import MetaUnavailable, handles, record
+from lazytpu import _config, debug
 from lazytpu.engine import DeferredCheck, context, located
-from lazytpu.fallback import DATA_DEPENDENT, cpu_fallback
+from lazytpu.frontend import dispatch, hostio
+from lazytpu.frontend.checks import value_checks
+from lazytpu.frontend.checks.value_checks import HOST_CHECKED
+from lazytpu.frontend.dispatch import MetaUnavailable, handles, record
+from lazytpu.frontend.routes.fallback import DATA_DEPENDENT, cpu_fallback
+from lazytpu.frontend.tensor import LazyTensor
+from lazytpu.frontend.windows import read
 from lazytpu.ir import Output
 from lazytpu.ir.template import Slot, Template
 from lazytpu.lowering import get_rule
-from lazytpu.tensor import LazyTensor
-from lazytpu.value_checks import HOST_CHECKED
 
 aten = torch.ops.aten
 

@@ -6,10 +6,11 @@ import warnings
 
 import torch
 
-from lazytpu import _caches, _config, hostio, metrics
-from lazytpu.aliasing import contiguous_strides, new_tensor, write_value
-from lazytpu.scalars import is_tpu_device
-from lazytpu.tensor import LazyTensor
+from lazytpu import _caches, _config, metrics
+from lazytpu.frontend import hostio
+from lazytpu.frontend.checks.scalars import is_tpu_device
+from lazytpu.frontend.tensor import LazyTensor
+from lazytpu.frontend.windows import contiguous_strides, new_tensor, write_value
 
 aten = torch.ops.aten
 
@@ -44,8 +45,8 @@ DATA_DEPENDENT = frozenset(
 
 def cpu_fallback(func, args, kwargs, *, data_dependent: bool = False):
     """Run ``func`` on CPU torch; copy mutated inputs and results back."""
-    from lazytpu.dispatch import _device_index, _kwarg_device_index
-    from lazytpu.views import resize_to
+    from lazytpu.frontend.dispatch import _device_index, _kwarg_device_index
+    from lazytpu.frontend.routes.views import resize_to
 
     name = str(func)
     if data_dependent:

@@ -1,5 +1,5 @@
 """``_foreach_*`` ops: recorded as one node (Note [Foreach nodes] in
-``lazytpu.ir.foreach``), or run as one element op per list element where
+``lazytpu.ir.foreach_node``), or run as one element op per list element where
 that cannot be done (an element op with no rule, a target whose dtype or
 shape differs from the result's, lists spanning devices)."""
 
@@ -8,16 +8,16 @@ from __future__ import annotations
 import torch
 
 from lazytpu import _caches, debug
-from lazytpu import dispatch as _d  # dispatch imports this module: attributes are read at call time
-from lazytpu.aliasing import read, write_value
 from lazytpu.engine import context
-from lazytpu.inplace import _functional_args, _functional_of, _is_inplace
+from lazytpu.frontend import dispatch as _d  # dispatch imports this module: attributes are read at call time
+from lazytpu.frontend.routes.inplace import _functional_args, _functional_of, _is_inplace
+from lazytpu.frontend.routes.views import _view_kind
+from lazytpu.frontend.tensor import LazyTensor
+from lazytpu.frontend.windows import read, write_value
 from lazytpu.ir import Node, Output, Scalar, Storage
-from lazytpu.ir.foreach import ForeachPart, ForeachSpec, foreach_op
+from lazytpu.ir.foreach_node import ForeachPart, ForeachSpec, foreach_op
 from lazytpu.ir.node import op_sig
 from lazytpu.lowering import get_rule
-from lazytpu.tensor import LazyTensor
-from lazytpu.views import _view_kind
 
 aten = torch.ops.aten
 

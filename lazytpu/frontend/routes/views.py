@@ -8,12 +8,12 @@ import warnings
 import torch
 
 from lazytpu import _caches
-from lazytpu.aliasing import rebind_metadata, view_of
 
 # dispatch imports this module after defining these (as it does foreach and handlers)
-from lazytpu.dispatch import _HANDLERS, _pick, _signature, infer_meta
+from lazytpu.frontend.dispatch import _HANDLERS, _pick, _signature, infer_meta
+from lazytpu.frontend.tensor import LazyTensor, describe
+from lazytpu.frontend.windows import rebind_metadata, view_of
 from lazytpu.ir.template import flatten
-from lazytpu.tensor import LazyTensor, describe
 
 aten = torch.ops.aten
 

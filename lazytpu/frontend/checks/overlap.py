@@ -1,0 +1,42 @@
+"""torch's refusals of writes that overlap their own inputs or themselves."""
+
+from __future__ import annotations
+
+import torch
+
+from lazytpu import _caches
+from lazytpu.frontend.checks.probe import cpu_probe, tensor_leaves
+from lazytpu.frontend.tensor import LazyTensor
+
+_OVERLAP_CHECKS = _caches.memo("overlap_checks")
+
+
+def check_overlap(func, args, kwargs, written: LazyTensor) -> None:
+    """Raise torch's error for a write into ``written`` that CPU torch refuses.
+
+    Note [Overlapping writes]: torch refuses a write whose target has elements
+    sharing memory (an expanded tensor) or that partially overlaps one of the
+    op's inputs ("unsupported operation: ..."), and warns for some of them;
+    meta kernels check neither. When the target could overlap (a zero stride,
+    or another input on its storage), the op runs on CPU zeros with the same
+    layouts and the same storage sharing, and its error is raised (its
+    warnings reach the caller as torch's own). The outcome is cached per
+    layout, except for a self-overlapping target, whose warnings repeat.
+    """
+    storage = written._lt_storage
+    leaves = tensor_leaves((args, kwargs))
+    shared = any(t is not written and t._lt_storage is storage for t in leaves)
+    overlapping = 0 in written.stride() and torch._debug_has_internal_overlap(written) == 1
+    if not (shared or overlapping):
+        return
+    groups = [next(i for i, u in enumerate(leaves) if u._lt_storage is t._lt_storage) for t in leaves]
+    key = (func, tuple(t._lt_desc for t in leaves), tuple(groups))
+    error = _OVERLAP_CHECKS.get(key, False)
+    if error is False:
+        error = cpu_probe(func, args, kwargs)
+        if not (isinstance(error, RuntimeError) and str(error).startswith("unsupported operation:")):
+            error = None
+        if not overlapping:
+            _OVERLAP_CHECKS[key] = error
+    if error is not None:
+        raise RuntimeError(str(error))
