@@ -18,7 +18,7 @@ import torch
 
 import lazytpu
 from lazytpu import debug, engine
-from lazytpu.frontend import dispatch, windows
+from lazytpu.frontend import dispatch, record, windows
 from lazytpu.fusion import build_program
 from lazytpu.ir import Node, Output
 
@@ -87,14 +87,14 @@ def main() -> None:
 
     print(f"torch floor (dispatch + wrapper):     {_per_op(floor_loop, 1000):6.2f} us/op")
     func = torch.ops.aten.mul.Tensor
-    key, values = dispatch._signature(func, (x, y), {})
+    key, values = record.plan_key(func, (x, y), {})
     x * y  # make sure the plan exists
-    plan = dispatch._PLANS[key]
+    plan = record.PLANS[key]
     inputs = tuple(v._lt_storage.value for v in values)
     node = Node(func, plan.template, inputs, plan.out_avals, None, plan.static)
     steps = {
-        "call signature (plan key)": lambda: dispatch._signature(func, (x, y), {}),
-        "plan lookup": lambda: dispatch._PLANS.get(key),
+        "call signature (plan key)": lambda: record.plan_key(func, (x, y), {}),
+        "plan lookup": lambda: record.PLANS.get(key),
         "node": lambda: Node(func, plan.template, inputs, plan.out_avals, None, plan.static),
         "output tensor (storage + wrapper)": lambda: windows.new_tensor_of(Output(node, 0), plan.descs[0], 0),
         "source location (user file:line)": lambda: debug.location(1),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -85,3 +87,9 @@ def round_complex32(x):
     re = jnp.real(x).astype(jnp.float16).astype(jnp.float32)
     im = jnp.imag(x).astype(jnp.float16).astype(jnp.float32)
     return jax.lax.complex(re, im)
+
+
+@functools.cache
+def type_name(dtype: torch.dtype) -> str:
+    """torch's C++ name of ``dtype`` (``Float``, ``ComplexDouble``) as its error messages spell it."""
+    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")

@@ -149,7 +149,7 @@ CASES = {
     "reflection_pad_bool": lambda d: F.pad(_t(1, 2, 5, dtype=torch.bool).to(d), (2, 2), mode="reflect"),
     "topk_bool": lambda d: _t(3, 4, dtype=torch.bool).to(d).topk(2),
     "cross_bool": lambda d: torch.linalg.cross(_t(2, 3, dtype=torch.bool).to(d), _t(2, 3, dtype=torch.bool).to(d)),
-    # ops decomposed on tpu, checked before the decomposition (dispatch._check_with_meta)
+    # ops decomposed on tpu, checked before the decomposition (record.check_with_meta)
     "hardswish_int": lambda d: F.hardswish(_t(2, 3, dtype=torch.int64).to(d)),
     "hardsigmoid_uint8": lambda d: F.hardsigmoid(_t(4, dtype=torch.uint8).to(d)),
     "logsigmoid_int": lambda d: F.logsigmoid(_t(4, dtype=torch.int32).to(d)),

@@ -369,7 +369,7 @@ def test_cache_info_counts_hits_and_misses_and_disk_bytes():
 
 
 def test_clear_caches_clears_every_in_memory_cache_and_keeps_tensors_working():
-    from lazytpu.frontend import dispatch, tensor
+    from lazytpu.frontend import metas, record, tensor
     from lazytpu.frontend.routes import views
     from lazytpu.ir import node
 
@@ -379,8 +379,8 @@ def test_clear_caches_clears_every_in_memory_cache_and_keeps_tensors_working():
     (x[1:] + 1).cpu()
     tables = {
         "programs": lambda: runtime.cache_info()["entries"],
-        "meta memo": lambda: len(dispatch._META_MEMO),
-        "record plans": lambda: len(dispatch._PLANS),
+        "meta memo": lambda: len(metas._META_MEMO),
+        "record plans": lambda: len(record.PLANS),
         "view plans": lambda: len(views._VIEW_PLANS),
         "tensor descriptors": lambda: len(tensor._DESCS),
         "op signatures": lambda: len(node._SIGS),

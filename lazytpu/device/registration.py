@@ -18,7 +18,8 @@ from lazytpu.device.module_conversion import keep_parameters
 from lazytpu.engine import context
 from lazytpu.frontend import hostio
 from lazytpu.frontend.checks import bounds
-from lazytpu.frontend.dispatch import record
+from lazytpu.frontend.dispatch import dispatch
+from lazytpu.frontend.record import record
 from lazytpu.frontend.tensor import LazyTensor
 from lazytpu.lowering import get_rule
 
@@ -99,8 +100,6 @@ def _backend_fallback(op, *args, **kwargs):
     """Ops that reach the ``tpu`` backend key without a LazyTensor argument
     (factories such as ``tril_indices(3, 3, device="tpu")``): resolve them
     like any other op."""
-    from lazytpu.frontend.dispatch import dispatch
-
     return dispatch(op, args, kwargs)
 
 

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 from torch._C._distributed_c10d import _resolve_process_group
 
-from lazytpu.frontend.dispatch import handles
+from lazytpu.frontend.record import handles
 
 fn = torch.ops._c10d_functional
 

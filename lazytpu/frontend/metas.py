@@ -1,5 +1,6 @@
-"""Output metas for ops torch has no meta kernel for, where the outputs'
-shapes and dtypes follow from the arguments alone.
+"""Output metas: torch's meta kernels, run once per call signature, and the
+ops torch has no meta kernel for, where the outputs' shapes and dtypes follow
+from the arguments alone.
 
 Note [Missing meta kernels]: torch registers no meta kernel for a few ops
 whose output shapes do not depend on data (histograms with a given bin
@@ -13,6 +14,11 @@ kernel accepts), never instead of one that works.
 from __future__ import annotations
 
 import torch
+
+from lazytpu import _caches
+from lazytpu.frontend.tensor import LazyTensor, is_tpu_device
+from lazytpu.ir import Scalar
+from lazytpu.ir.template import fill
 
 aten = torch.ops.aten
 
@@ -87,3 +93,74 @@ SHAPES = {
     aten._histogramdd_from_bin_cts.default: _histogramdd_counts,
     aten._histogramdd_from_bin_tensors.default: _histogramdd_tensors,
 }
+
+
+# -- meta inference ------------------------------------------------------------
+
+_META_MEMO = _caches.memo("meta_memo")
+
+
+def value_key(v):
+    """A call value in a memo key: a lifted scalar's kind, a tensor's interned descriptor."""
+    if type(v) is Scalar:
+        return v.kind
+    if type(v) is LazyTensor:
+        return v._lt_desc
+    return ("cpu", v.shape, v.stride(), v.dtype)
+
+
+class MetaUnavailable(Exception):
+    """torch has no meta kernel for this call (often: its output shape
+    depends on data); the op must run where data is (CPU fallback)."""
+
+
+def infer_meta(func, template, values):
+    """Output metas of ``func`` (memoized), or torch's own error.
+
+    Note [Meta errors]: meta kernels sometimes word errors differently from
+    the CPU kernels (they come from torch._refs). On a meta failure the op is
+    re-run on CPU zeros of the same shapes, so that the error
+    raised is the one CPU torch users see. If the CPU run succeeds where meta
+    had no kernel (or a stricter one), ``MetaUnavailable`` is raised: the CPU
+    run's shapes are not trusted, since they may depend on the (stand-in) data.
+    """
+    key = (func, template, tuple(value_key(v) for v in values))
+    hit = _META_MEMO.get(key)
+    if hit is not None:
+        return hit
+    try:
+        out = run_on(func, template, values, "meta")
+    except Exception as meta_exc:
+        missing = SHAPES.get(func)  # Note [Missing meta kernels]
+        if missing is not None:
+            out = _META_MEMO[key] = run_on(missing, template, values, "meta")
+            return out
+        try:
+            run_on(func, template, values, "cpu")
+        except Exception as cpu_exc:
+            raise cpu_exc.with_traceback(None) from None
+        # CPU accepts the call where meta does not: CPU semantics win, and the
+        # op runs where the data is.
+        raise MetaUnavailable(f"{type(meta_exc).__name__}: {meta_exc}") from None
+    _META_MEMO[key] = out
+    return out
+
+
+def run_on(func, template, values, device: str):
+    def convert(v):
+        if type(v) is Scalar:
+            return v.value
+        if type(v) is LazyTensor:  # same window on a storage of the same size
+            storage = new(v._lt_desc.storage_numel, dtype=v.dtype, device=device)
+            return storage.as_strided(v.shape, v.stride(), v.storage_offset())
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device).zero_()
+
+    # zeros on CPU: an error must not depend on what uninitialized memory holds
+    # (a mask's count, a class index out of range)
+    new = torch.zeros if device == "cpu" else torch.empty
+
+    args, kwargs = fill(template, [convert(v) for v in values])
+    if is_tpu_device(kwargs.get("device")):
+        kwargs["device"] = device
+    with torch.no_grad():
+        return func(*args, **kwargs)

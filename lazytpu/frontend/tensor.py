@@ -12,16 +12,49 @@ from collections import OrderedDict
 import torch
 
 from lazytpu import _caches
+from lazytpu.ir import Aval
 
 _DEVICES: dict[int, torch.device] = {}
-# The dispatcher lives in lazytpu.frontend.dispatch (which imports this module); it
-# installs itself here with ``set_dispatcher``.
-_DISPATCH: list = [None, None]
 
 
-def set_dispatcher(fn, on_backward_error) -> None:
-    _DISPATCH[0] = fn
-    _DISPATCH[1] = on_backward_error
+class Backend:
+    """What the tensor type calls into, installed once (``install``).
+
+    Note [Tensor backend]: the tensor type sits below the modules that record
+    ops and move data (they import it), yet ``__torch_dispatch__``, ``tolist``
+    and ``torch.save`` need them. Rather than importing upward, the tensor
+    type has one install point: ``lazytpu.frontend.dispatch`` installs the
+    resolver, the backward-error handler and the host transfers when it is
+    imported, and routes that re-enter the resolver call ``redispatch``.
+    """
+
+    __slots__ = ("dispatch", "on_backward_error", "to_cpu", "saved_storage")
+
+    def __init__(self) -> None:
+        self.dispatch = self.on_backward_error = self.to_cpu = self.saved_storage = None
+
+
+BACKEND = Backend()
+
+
+def is_tpu_device(d) -> bool:
+    """Whether ``d`` (a ``torch.device`` or a string) names a ``tpu`` device."""
+    return (isinstance(d, torch.device) and d.type == "tpu") or (isinstance(d, str) and d.startswith("tpu"))
+
+
+def install(**parts) -> dict:
+    """Install the backend's parts (Note [Tensor backend]); returns the
+    parts they replace, so that a tool can wrap one and restore it."""
+    previous = {}
+    for name, fn in parts.items():
+        previous[name] = getattr(BACKEND, name)  # AttributeError for a part that does not exist
+        setattr(BACKEND, name, fn)
+    return previous
+
+
+def redispatch(func, args, kwargs):
+    """Resolve ``func`` as if torch had dispatched it (Note [Resolution order])."""
+    return BACKEND.dispatch(func, args, kwargs)
 
 
 def tpu_device(index: int = 0) -> torch.device:
@@ -62,8 +95,6 @@ def describe(shape, stride, offset: int, storage_numel: int, dtype: torch.dtype)
     key = (tuple(shape), tuple(stride), offset, storage_numel, dtype)
     desc = _DESCS.get(key)
     if desc is None:
-        from lazytpu.ir import Aval
-
         desc = _DESCS[key] = TensorDesc(key[0], key[1], offset, storage_numel, dtype, Aval(key[0], dtype))
     return desc
 
@@ -139,7 +170,7 @@ class LazyTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         try:
-            return _DISPATCH[0](func, args, kwargs or {})
+            return BACKEND.dispatch(func, args, kwargs or {})
         except Exception as exc:
             # Note [Errors in backward]: a Python exception leaving a backend
             # kernel inside autograd's engine aborts the process (torch's
@@ -147,7 +178,7 @@ class LazyTensor(torch.Tensor):
             # backward, the error is deferred into the op's outputs instead.
             if torch._C._current_graph_task_id() == -1:
                 raise
-            return _DISPATCH[1](func, args, kwargs or {}, exc)
+            return BACKEND.on_backward_error(func, args, kwargs or {}, exc)
 
     def numpy(self, *args, **kwargs):
         raise TypeError(
@@ -162,8 +193,6 @@ class LazyTensor(torch.Tensor):
         the tensors saved with it as on CPU (Note [Checkpoint storages]). A
         Parameter is rebuilt as one, with its attributes, as
         ``Parameter.__reduce_ex__`` does (hooks are not saved)."""
-        from lazytpu.frontend import hostio
-
         if vars(self).get("_is_param"):
             state = user_state(self)
             data = (self.detach(), self.requires_grad, OrderedDict())
@@ -172,15 +201,13 @@ class LazyTensor(torch.Tensor):
             return torch._utils._rebuild_parameter_with_state, (*data, state)
 
         # a window on one host copy of the whole storage, shared by every tensor on it (Note [Checkpoint storages])
-        memory = hostio.saved_storage(self)
+        memory = BACKEND.saved_storage(self)
         host = torch.empty(0, dtype=self.dtype).set_(memory, self.storage_offset(), self.shape, self.stride())
         rebuild = torch._utils._rebuild_device_tensor_from_cpu_tensor
         return rebuild, (host, self.dtype, str(self.device), self.requires_grad)
 
     def tolist(self):
-        from lazytpu.frontend import hostio
-
-        return hostio.to_cpu(self, reason="tolist").tolist()
+        return BACKEND.to_cpu(self, reason="tolist").tolist()
 
     def __array__(self, dtype=None, copy=None):
         return self.numpy()

@@ -38,22 +38,21 @@ STATUSES = ("lowered", "decomposed", "fallback", "failing")
 def route(func) -> str | None:
     """How the dispatcher resolves ``func`` when nothing fails:
     ``"lowered"``, ``"decomposed"`` or None (CPU fallback)."""
-    from lazytpu.frontend import dispatch
-    from lazytpu.frontend.routes import inplace, views
+    from lazytpu.frontend import dispatch, record, schema
     from lazytpu.lowering import get_rule
 
-    if func in dispatch._HANDLERS or get_rule(func) is not None or views._view_kind(func):
+    if func in record.HANDLERS or get_rule(func) is not None or schema.view_kind(func):
         return "lowered"
     name = func._schema.name
     if name.startswith("aten::_foreach_"):
         from lazytpu.frontend.routes.foreach import element_op
 
         return "decomposed" if element_op(func) is not None else None
-    if inplace._is_inplace(func) or inplace._out_args(func):
-        functional = inplace._functional_of(func)
-        if functional is not None and dispatch._resolves(functional):
+    if schema.is_inplace(func) or schema.out_args(func):
+        functional = schema.functional_of(func)
+        if functional is not None and dispatch.resolves(functional):
             return route(functional)
-    if func in dispatch._DECOMPOSITIONS or func._can_decompose():
+    if func in record.DECOMPOSITIONS or func._can_decompose():
         return "decomposed"
     return None
 

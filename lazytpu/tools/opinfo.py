@@ -369,18 +369,18 @@ def traced_ops() -> Iterator[set]:
     (filled as they arrive; the dispatcher is restored on exit)."""
     from lazytpu.frontend import tensor
 
-    dispatch, on_backward_error = tensor._DISPATCH
     seen: set = set()
+    dispatch = tensor.BACKEND.dispatch
 
     def tracing(func, args, kwargs):
         seen.add(func)
         return dispatch(func, args, kwargs)
 
-    tensor.set_dispatcher(tracing, on_backward_error)
+    previous = tensor.install(dispatch=tracing)
     try:
         yield seen
     finally:
-        tensor.set_dispatcher(dispatch, on_backward_error)
+        tensor.install(**previous)
 
 
 # -- cases ---------------------------------------------------------------------

@@ -17,10 +17,11 @@ import torch
 
 from lazytpu import _config, debug
 from lazytpu.engine import DeferredCheck, context, located
-from lazytpu.frontend import dispatch, hostio
+from lazytpu.frontend import hostio
 from lazytpu.frontend.checks import value_checks
 from lazytpu.frontend.checks.value_checks import HOST_CHECKED
-from lazytpu.frontend.dispatch import MetaUnavailable, handles, record
+from lazytpu.frontend.metas import MetaUnavailable
+from lazytpu.frontend.record import RECORDED, handles, record
 from lazytpu.frontend.routes.fallback import DATA_DEPENDENT, cpu_fallback
 from lazytpu.frontend.tensor import LazyTensor
 from lazytpu.frontend.windows import read
@@ -46,7 +47,7 @@ def install() -> None:
         return
     handles(*HOST_CHECKED)(checked)
     for op in HOST_CHECKED:
-        dispatch._RECORDED.pop(op, None)  # dispatch tries recorded ops before handlers
+        RECORDED.pop(op, None)  # dispatch tries recorded ops before handlers
     _INSTALLED.append(True)
 
 

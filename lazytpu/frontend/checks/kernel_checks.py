@@ -330,10 +330,10 @@ def _stand_in(shape, dtype, index):
     return torch.full(shape, index, dtype=dtype)
 
 
-def _check_kernel_dtypes(func, template, values) -> None:
+def check_kernel_dtypes(func, template, values) -> None:
     """Note [Kernel checks]: meta kernels skip some checks real kernels make
     (dtype support, mixed dtypes in mm, dim wrapping in softmax). Once per call
-    signature (plan time; a decomposed op at ``dispatch._check_with_meta``),
+    signature (plan time; a decomposed op at ``record.check_with_meta``),
     the op runs on CPU on stand-ins: small tensors of the same dtypes and
     ranks, of ones or zeros, never the real data (the check reads nothing
     pending, and costs nothing per call). If that raises one of those

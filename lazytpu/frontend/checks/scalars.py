@@ -17,12 +17,9 @@ import re
 
 import torch
 
+from lazytpu.frontend.tensor import is_tpu_device
 from lazytpu.ir import Scalar
 from lazytpu.ir.template import fill
-
-
-def is_tpu_device(d) -> bool:
-    return (isinstance(d, torch.device) and d.type == "tpu") or (isinstance(d, str) and d.startswith("tpu"))
 
 
 def cpu_error(func, template, values, stand_in) -> tuple[type, str] | None:

@@ -28,9 +28,9 @@ from __future__ import annotations
 import torch
 
 from lazytpu import _caches
+from lazytpu._dtypes import type_name
 from lazytpu.frontend import hostio
 from lazytpu.frontend.routes.fallback import cpu_fallback
-from lazytpu.frontend.routes.inplace import _type_name
 from lazytpu.frontend.tensor import LazyTensor
 
 aten = torch.ops.aten
@@ -225,7 +225,7 @@ def _check_put(self, shapes: list, values, fills: bool) -> None:
     if values.dtype != self.dtype:
         raise RuntimeError(
             "Index put requires the source and destination dtypes match, got "
-            f"{_type_name(self.dtype)} for the destination and {_type_name(values.dtype)} for the source."
+            f"{type_name(self.dtype)} for the destination and {type_name(values.dtype)} for the source."
         )
 
 

@@ -8,8 +8,9 @@ import torch
 
 from lazytpu import _caches, _config, metrics
 from lazytpu.frontend import hostio
-from lazytpu.frontend.checks.scalars import is_tpu_device
-from lazytpu.frontend.tensor import LazyTensor
+from lazytpu.frontend.record import device_index, kwarg_device_index, map_tensors
+from lazytpu.frontend.routes.views import resize_to
+from lazytpu.frontend.tensor import LazyTensor, is_tpu_device
 from lazytpu.frontend.windows import contiguous_strides, new_tensor, write_value
 
 aten = torch.ops.aten
@@ -45,9 +46,6 @@ DATA_DEPENDENT = frozenset(
 
 def cpu_fallback(func, args, kwargs, *, data_dependent: bool = False):
     """Run ``func`` on CPU torch; copy mutated inputs and results back."""
-    from lazytpu.frontend.dispatch import _device_index, _kwarg_device_index
-    from lazytpu.frontend.routes.views import resize_to
-
     name = str(func)
     if data_dependent:
         reason = "data_dependent"
@@ -69,11 +67,11 @@ def cpu_fallback(func, args, kwargs, *, data_dependent: bool = False):
         host = hostio.to_cpu(x, reason=reason)
         return host.clone() if id(x) in resized else host  # an out= the op may resize: a storage of its own
 
-    cargs = tuple(_map_tensors(a, LazyTensor, to_cpu) for a in args)
-    ckwargs = {k: _map_tensors(v, LazyTensor, to_cpu) for k, v in kwargs.items()}
+    cargs = tuple(map_tensors(a, LazyTensor, to_cpu) for a in args)
+    ckwargs = {k: map_tensors(v, LazyTensor, to_cpu) for k, v in kwargs.items()}
     if is_tpu_device(ckwargs.get("device")):
         ckwargs["device"] = "cpu"
-    index = _device_index(lazies) if lazies else (_kwarg_device_index(kwargs) or 0)
+    index = device_index(lazies) if lazies else (kwarg_device_index(kwargs) or 0)
     out = func(*cargs, **ckwargs)
     # write mutated arguments back
     written = {}
@@ -92,7 +90,7 @@ def cpu_fallback(func, args, kwargs, *, data_dependent: bool = False):
             return written[id(x)]
         return new_tensor(hostio.data_from_cpu(x, index), x.shape, contiguous_strides(x.shape), x.dtype, index)
 
-    return _map_tensors(out, torch.Tensor, back)
+    return map_tensors(out, torch.Tensor, back)
 
 
 def _written(func, args, kwargs) -> list:
@@ -101,15 +99,5 @@ def _written(func, args, kwargs) -> list:
     for i, arg in enumerate(func._schema.arguments):
         if arg.alias_info is not None and arg.alias_info.is_write:
             value = kwargs.get(arg.name) if arg.kwarg_only else (args[i] if i < len(args) else None)
-            _map_tensors(value, LazyTensor, out.append)
+            map_tensors(value, LazyTensor, out.append)
     return out
-
-
-def _map_tensors(x, kind, fn):
-    """``fn`` applied to every ``kind`` tensor in nested lists/tuples
-    (a module function: Note [No closure cycles])."""
-    if isinstance(x, kind):
-        return fn(x)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_map_tensors(y, kind, fn) for y in x)
-    return x

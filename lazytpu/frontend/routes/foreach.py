@@ -9,9 +9,9 @@ import torch
 
 from lazytpu import _caches, debug
 from lazytpu.engine import context
-from lazytpu.frontend import dispatch as _d  # dispatch imports this module: attributes are read at call time
-from lazytpu.frontend.routes.inplace import _functional_args, _functional_of, _is_inplace
-from lazytpu.frontend.routes.views import _view_kind
+from lazytpu.frontend import metas, record
+from lazytpu.frontend.routes.inplace import functional_args
+from lazytpu.frontend.schema import functional_of, is_inplace, view_kind
 from lazytpu.frontend.tensor import LazyTensor
 from lazytpu.frontend.windows import read, write_value
 from lazytpu.ir import Node, Output, Scalar, Storage
@@ -100,7 +100,7 @@ def run_foreach(func, args, kwargs):
     element = element_op(func)
     if element is None:
         return NotImplemented
-    inplace = _is_inplace(func)
+    inplace = is_inplace(func)
     void = inplace or func._schema.returns == []  # in-place, or writing ``out=`` lists
     if inplace or not void:
         try:
@@ -138,7 +138,7 @@ def _list_leaf(x, values: list):
 
 
 def _key_leaf(a, values: list):
-    """``dispatch._key_leaf``, with every float a value (a foreach op's floats
+    """``record.key_leaf``, with every float a value (a foreach op's floats
     are lifted by its element ops: ``_plan_batch`` checks each is found)."""
     t = type(a)
     if t is float or t is complex:
@@ -146,7 +146,7 @@ def _key_leaf(a, values: list):
         return t
     if t is list or t is tuple:
         return tuple([_list_leaf(x, values) for x in a])
-    return _d._key_leaf(a, values)
+    return record.key_leaf(a, values)
 
 
 def _call_key(func, args, kwargs) -> tuple[tuple, list]:
@@ -199,9 +199,9 @@ def _batchable(element):
     entry = _BATCHABLE.get(element, False)
     if entry is not False:
         return entry
-    functional = _functional_of(element) if _is_inplace(element) else element
+    functional = functional_of(element) if is_inplace(element) else element
     rule = None
-    if functional is not None and functional not in _d._HANDLERS and _view_kind(functional) is None:
+    if functional is not None and functional not in record.HANDLERS and view_kind(functional) is None:
         rule = get_rule(functional)
     entry = None if rule is None or rule.random else (functional, rule)
     _BATCHABLE[element] = entry
@@ -221,17 +221,17 @@ def _plan_batch(func, element, args, kwargs, inplace: bool, values: list):
     where: dict = {}  # call value index -> node input
     for i, (call, extra) in enumerate(_element_calls(func, element, args, kwargs)):
         if inplace:
-            _d._check_with_meta(element, call, extra)  # torch's errors (e.g. result type can't be cast)
+            record.check_with_meta(element, call, extra)  # torch's errors (e.g. result type can't be cast)
             targets.append(_find(call[0], i, values, origins))
-            call, extra = _functional_args(element, functional, call, extra)
-        key, vals = _d._signature(functional, call, extra)
-        plan = _d._PLANS.get(key)
+            call, extra = functional_args(element, functional, call, extra)
+        key, vals = record.plan_key(functional, call, extra)
+        plan = record.PLANS.get(key)
         if plan is None:
             try:
-                plan = _d._make_plan(functional, call, extra, rule, vals)
-            except _d.MetaUnavailable:
+                plan = record.make_plan(functional, call, extra, rule, vals)
+            except metas.MetaUnavailable:
                 return False
-            _d._PLANS[key] = plan
+            record.PLANS[key] = plan
         if inplace and (plan.layout is not None or plan.descs[0].aval != values[targets[-1]]._lt_desc.aval):
             return False  # a cast or broadcast into the target: the element path writes it
         pos = []
@@ -265,7 +265,7 @@ def _record(batch: _Batch, values: list):
     """Record the call as one node; None when this call's tensors span devices
     or an element writes what another reads (the element path keeps torch's order)."""
     try:
-        index = _d._device_index(values)
+        index = record.device_index(values)
     except RuntimeError:  # lists spanning devices: torch's loop allows it
         return None
     if batch.targets is not None and _overlapping(batch, values):

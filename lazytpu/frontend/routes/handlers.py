@@ -14,7 +14,7 @@ from lazytpu import debug, runtime
 from lazytpu.engine import DeferredCheck, context
 from lazytpu.frontend import hostio
 from lazytpu.frontend.checks.overlap import check_overlap
-from lazytpu.frontend.dispatch import _check_with_meta, handles, record
+from lazytpu.frontend.record import DECOMPOSITIONS, check_with_meta, handles, record
 from lazytpu.frontend.routes.views import check_in_bounds, storage_nbytes
 from lazytpu.frontend.tensor import LazyTensor
 from lazytpu.frontend.windows import contiguous_strides, new_tensor, rebind_metadata, view_of, write
@@ -142,7 +142,7 @@ def as_strided_scatter(func, args, kwargs):
     check_in_bounds(call["size"], call["stride"], offset, x.dtype.itemsize, storage_nbytes(x))
     if x._lt_window is None and x.is_contiguous():
         return record(func, (x, *args[1:]), kwargs, get_rule(func))
-    _check_with_meta(func, args, kwargs)  # torch's error on src's size
+    check_with_meta(func, args, kwargs)  # torch's error on src's size
     whole = aten.clone.default(view_of(x, (n,), (1,), 0))
     out = view_of(whole, x.shape, x.stride(), x.storage_offset())
     view_of(whole, call["size"], call["stride"], offset).copy_(src)
@@ -219,14 +219,12 @@ _NORM_TRAINING_ARG = {
 @handles(*_NORM_TRAINING_ARG)
 def norm_statistics(func, args, kwargs):
     """Note [CPU norm statistics]."""
-    from lazytpu.frontend.dispatch import _DECOMPOSITIONS, _check_with_meta
-
     rule = get_rule(func)
     if rule is not None:
         out = record(func, args, kwargs, rule)
     else:
-        _check_with_meta(func, args, kwargs)
-        out = _DECOMPOSITIONS[func](*args, **kwargs)
+        check_with_meta(func, args, kwargs)
+        out = DECOMPOSITIONS[func](*args, **kwargs)
     x, position = args[0], _NORM_TRAINING_ARG[func]
     if position is not None and not args[position]:
         stats = [x.new_empty((0,)) for _ in range(2)]

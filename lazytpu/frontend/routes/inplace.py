@@ -2,84 +2,40 @@
 
 from __future__ import annotations
 
-import functools
 import re
 
 import torch
 
 from lazytpu import _caches
+from lazytpu._dtypes import type_name
 from lazytpu.frontend.checks.overlap import check_overlap
 from lazytpu.frontend.checks.probe import cpu_probe
-
-# dispatch imports this module after defining these (as it does foreach and handlers)
-from lazytpu.frontend.dispatch import (
-    _RECORDED,
-    MetaUnavailable,
-    _check_generator,
-    _check_with_meta,
-    _signature,
-    dispatch,
-    record,
-)
+from lazytpu.frontend.metas import MetaUnavailable
+from lazytpu.frontend.record import RECORDED, check_generator, check_with_meta, plan_key, record
 from lazytpu.frontend.routes.fallback import DATA_DEPENDENT, cpu_fallback
 from lazytpu.frontend.routes.views import resize_to
-from lazytpu.frontend.tensor import LazyTensor
+from lazytpu.frontend.schema import out_args
+from lazytpu.frontend.tensor import LazyTensor, redispatch
 from lazytpu.frontend.windows import write
 
 aten = torch.ops.aten
-
-# In-place ops whose functional form has another name.
-_FUNCTIONAL_NAMED = {aten.normal_.default: aten.normal_functional.default}
-
-
-_IGNORED = frozenset({"dtype", "layout", "device", "pin_memory", "generator"})
-
-
-def _arg_signature(schema, drop_out: bool) -> list[tuple[str, str]]:
-    return [
-        (a.name, str(a.type).replace("Optional[", "").rstrip("]"))
-        for a in schema.arguments
-        if not (drop_out and a.kwarg_only and a.alias_info is not None) and a.name not in _IGNORED
-    ]
-
-
-@functools.cache
-def _functional_of(func):
-    """The functional overload behind an in-place or out= overload, if any:
-    same argument names and types (dtype/device options aside)."""
-    if func in _FUNCTIONAL_NAMED:
-        return _FUNCTIONAL_NAMED[func]
-    schema = func._schema
-    name = schema.name.split("::")[-1]
-    base = name[:-1] if name.endswith("_") else name
-    packet = getattr(aten, base, None)
-    if packet is None:
-        return None
-    wanted = _arg_signature(schema, drop_out=True)
-    for overload in packet.overloads():
-        cand = getattr(packet, overload)
-        if cand is func or cand._schema.is_mutable:
-            continue
-        if _arg_signature(cand._schema, drop_out=False) == wanted:
-            return cand
-    return None
 
 
 def _call_functional(func, functional, args, kwargs, extra=None):
     """Call ``functional`` with ``func``'s arguments, plus the defaults of
     ``func`` for arguments the functional form requires (``bernoulli_(p=0.5)``
     has a default that ``bernoulli.p`` lacks)."""
-    call_args, call_kwargs = _functional_args(func, functional, args, kwargs)
+    call_args, call_kwargs = functional_args(func, functional, args, kwargs)
     if extra:
         call_kwargs = {**call_kwargs, **extra}
-    return dispatch(functional, call_args, call_kwargs)
+    return redispatch(functional, call_args, call_kwargs)
 
 
 _RECIPES: dict = {}
 _caches.register("functional_recipes", _RECIPES.clear)
 
 
-def _functional_args(func, functional, args, kwargs) -> tuple[tuple, dict]:
+def functional_args(func, functional, args, kwargs) -> tuple[tuple, dict]:
     # keyed by id: OpOverload hashes in Python; overloads live as long as torch
     recipe_key = (id(func), len(args), tuple(kwargs))
     recipe = _RECIPES.get(recipe_key)
@@ -132,35 +88,24 @@ def _functional_recipe(func, functional, n_args: int, kwarg_names: tuple) -> tup
     return tuple(call_args), tuple(call_kwargs)
 
 
-def _out_args(func) -> list[str]:
-    return [
-        a.name for a in func._schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
-    ]
-
-
-def _is_inplace(func) -> bool:
-    args = func._schema.arguments
-    return bool(args) and args[0].alias_info is not None and args[0].alias_info.is_write and not args[0].kwarg_only
-
-
 # In-place ops known to run as their functional form (dispatch's fast path),
 # and the call signatures of them already checked with the meta kernel.
-_INPLACE: dict = {}
-_caches.register("inplace_ops", _INPLACE.clear)
+INPLACE_OPS: dict = {}
+_caches.register("inplace_ops", INPLACE_OPS.clear)
 _INPLACE_CHECKED = _caches.memo("inplace_checked")
 
 
-def _run_inplace(func, functional, args, kwargs):
+def run_inplace(func, functional, args, kwargs):
     self = args[0]
-    key, _ = _signature(func, args, kwargs)
+    key, _ = plan_key(func, args, kwargs)
     if key not in _INPLACE_CHECKED:
-        _check_with_meta(func, args, kwargs)  # torch's errors (e.g. result type can't be cast)
+        check_with_meta(func, args, kwargs)  # torch's errors (e.g. result type can't be cast)
         _INPLACE_CHECKED.add(key)
     if type(self) is LazyTensor:
         check_overlap(func, args, kwargs, self)
-    rule = _RECORDED.get(functional)
+    rule = RECORDED.get(functional)
     if rule is not None and type(self) is LazyTensor and self._lt_window is None:
-        call_args, call_kwargs = _functional_args(func, functional, args, kwargs)
+        call_args, call_kwargs = functional_args(func, functional, args, kwargs)
         try:
             result = record(functional, call_args, call_kwargs, rule, into=self)
         except MetaUnavailable:
@@ -172,16 +117,10 @@ def _run_inplace(func, functional, args, kwargs):
     if isinstance(result, torch.Tensor) and not torch.can_cast(result.dtype, self.dtype):
         # torch's check, which some meta kernels skip (``int_tensor.mul_(3.0)``)
         raise RuntimeError(
-            f"result type {_type_name(result.dtype)} can't be cast to the desired output type {_type_name(self.dtype)}"
+            f"result type {type_name(result.dtype)} can't be cast to the desired output type {type_name(self.dtype)}"
         )
     write(self, result)
     return self
-
-
-@functools.cache
-def _type_name(dtype: torch.dtype) -> str:
-    """torch's C++ name of ``dtype`` (``Float``, ``ComplexDouble``) as its error messages spell it."""
-    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
 
 
 _OUT_DTYPE_ERRORS = re.compile(r"dtype|type to be|can't be cast|floating point type|Expected .* type")
@@ -192,7 +131,7 @@ def _check_out_dtypes(func, args, kwargs) -> None:
     """torch's error for an ``out=`` tensor of a dtype the op refuses (each op has its own
     check and message; meta kernels skip most): the op runs once per call signature on CPU
     zeros of the same layouts."""
-    key, _ = _signature(func, args, kwargs)
+    key, _ = plan_key(func, args, kwargs)
     if key not in _OUT_DTYPES_CHECKED:
         error = cpu_probe(func, args, kwargs)
         ok = error is None or not isinstance(error, (RuntimeError, TypeError))
@@ -227,9 +166,9 @@ def _takes_dtype(op) -> bool:
     return any(a.name == "dtype" for a in op._schema.arguments)
 
 
-def _run_out(func, functional, args, kwargs):
-    _check_generator(kwargs)
-    names = _out_args(func)
+def run_out(func, functional, args, kwargs):
+    check_generator(kwargs)
+    names = out_args(func)
     outs = [kwargs[n] for n in names]
     listed = len(outs) == 1 and isinstance(outs[0], (list, tuple))  # ``Tensor(a!)[] out`` (split_copy)
     if listed:

@@ -2,35 +2,18 @@
 
 from __future__ import annotations
 
-import functools
 import warnings
 
 import torch
 
 from lazytpu import _caches
-
-# dispatch imports this module after defining these (as it does foreach and handlers)
-from lazytpu.frontend.dispatch import _HANDLERS, _pick, _signature, infer_meta
+from lazytpu.frontend.metas import infer_meta
+from lazytpu.frontend.record import HANDLERS, pick, plan_key
 from lazytpu.frontend.tensor import LazyTensor, describe
 from lazytpu.frontend.windows import rebind_metadata, view_of
 from lazytpu.ir.template import flatten
 
 aten = torch.ops.aten
-
-
-@functools.cache
-def _view_kind(func) -> str | None:
-    """``"view"`` for ops returning a view of their first argument, ``"inplace_view"``
-    for ops changing their argument's own window (``t_``, ``squeeze_``, ...)."""
-    returns, args = func._schema.returns, func._schema.arguments
-    if not returns or not args or returns[0].alias_info is None or args[0].alias_info is None:
-        return None
-    if returns[0].alias_info.is_write:
-        return "inplace_view" if func._schema.name.split("::")[-1] in _INPLACE_VIEW_OPS else None
-    return "view"
-
-
-_INPLACE_VIEW_OPS = frozenset({"t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_", "swapdims_", "swapaxes_"})
 
 
 _VIEW_PLANS = _caches.memo("view_plans")
@@ -44,7 +27,7 @@ def run_view(func, args, kwargs):
     descriptions are planned once per call signature (Note [Plans]).
     """
     src = args[0]
-    key, _ = _signature(func, args, kwargs)
+    key, _ = plan_key(func, args, kwargs)
     plan = _VIEW_PLANS.get(key)
     if plan is None:
         plan = _VIEW_PLANS[key] = _make_view_plan(func, args, kwargs, src)
@@ -58,7 +41,7 @@ def run_view(func, args, kwargs):
 
 
 def _make_view_plan(func, args, kwargs, src):
-    template, values = flatten(args, kwargs, _pick)
+    template, values = flatten(args, kwargs, pick)
     meta_out = infer_meta(func, template, values)
     metas = [meta_out] if isinstance(meta_out, torch.Tensor) else list(meta_out)
     if any(m.dtype != src.dtype and not _reinterpretable(func, src.dtype, m.dtype) for m in metas):
@@ -115,7 +98,7 @@ def _reinterpretable(func, src: torch.dtype, dst: torch.dtype) -> bool:
 
 def run_inplace_view(func, args, kwargs):
     self = args[0]
-    template, values = flatten(args, kwargs, _pick)
+    template, values = flatten(args, kwargs, pick)
     meta = infer_meta(func, template, values)
     rebind_metadata(self, view_of(self, meta.shape, meta.stride(), meta.storage_offset()))
     return self
@@ -137,4 +120,4 @@ def resize_to(dst: LazyTensor, shape, *, warn: bool = True) -> None:
             UserWarning,
             stacklevel=4,
         )
-    _HANDLERS[aten.resize_.default](aten.resize_.default, (dst, list(shape)), {})
+    HANDLERS[aten.resize_.default](aten.resize_.default, (dst, list(shape)), {})

@@ -1,0 +1,393 @@
+"""Recording one op: its call signature, its plan (made once per signature), its node.
+
+Note [Plans] says what a plan holds; Note [Scalar lifting] which Python
+numbers become program inputs. The routes (``frontend/routes``) and the
+resolver (``frontend/dispatch``) call ``record`` with the lowering rule of
+the op they record; ``handles`` registers the dispatch-level handlers of
+Note [Resolution order], step 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+from torch._decomp import decomposition_table
+
+from lazytpu import _caches, debug
+from lazytpu.engine import RNG_AVAL, context
+from lazytpu.frontend import hostio, schema
+from lazytpu.frontend.checks import scalars, value_checks
+from lazytpu.frontend.checks.kernel_checks import check_kernel_dtypes
+from lazytpu.frontend.metas import MetaUnavailable, infer_meta, run_on, value_key
+from lazytpu.frontend.tensor import LazyTensor, describe
+from lazytpu.frontend.windows import contiguous_strides, new_tensor_of, read
+from lazytpu.ir import Failed, Node, Output, Scalar, Storage
+from lazytpu.ir.node import op_sig
+from lazytpu.ir.template import Slot, Template, flatten
+
+aten = torch.ops.aten
+
+# -- dispatch-level handlers ----------------------------------------------------
+
+HANDLERS: dict = {}
+
+# torch's decompositions to ATen (not the _refs ones, which produce prims).
+DECOMPOSITIONS = {op: fn for op, fn in decomposition_table.items() if not fn.__module__.startswith("torch._refs")}
+
+
+def handles(*ops):
+    """Register a dispatch-level handler (Note [Resolution order], step 1)."""
+
+    def register(fn):
+        for op in ops:
+            if op in HANDLERS:
+                raise ValueError(f"duplicate dispatch handler for {op}")
+            HANDLERS[op] = fn
+        return fn
+
+    return register
+
+
+_NO_LIFT = frozenset({"arange", "linspace", "logspace", "range", "full", "scalar_tensor"})
+
+
+# A Python float or int passed where the schema takes a Scalar, float or
+# Tensor (a wrapped number) is lifted (Note [Scalar lifting]).
+_LIFT_TYPES = frozenset({"number", "float", "Optional[number]", "Optional[float]", "Tensor", "Optional[Tensor]"})
+
+
+# Scalars that select an algorithm rather than enter arithmetic stay static;
+# an int also where it picks an exact form (``x ** 2``, ``norm(p=2)``).
+_STATIC_NAMES = frozenset({"ord"})
+_STATIC_INT_NAMES = _STATIC_NAMES | {"exponent", "p"}
+
+# Python ints an int64 holds; torch makes a larger one a uint64 scalar, which stays static.
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+@functools.cache
+def _liftable(func) -> tuple[frozenset, frozenset, frozenset, frozenset]:
+    """Positions and kwarg names of the float args, then of the int args,
+    that cannot decide shapes."""
+    if func._schema.name.split("::")[-1] in _NO_LIFT:
+        return frozenset(), frozenset(), frozenset(), frozenset()
+    pos, names, int_pos, int_names = set(), set(), set(), set()
+    for i, arg in enumerate(func._schema.arguments):
+        if str(arg.type) not in _LIFT_TYPES or arg.name.startswith("scale"):
+            continue
+        key = arg.name if arg.kwarg_only else i
+        if arg.name not in _STATIC_NAMES:
+            (names if arg.kwarg_only else pos).add(key)
+        if arg.name not in _STATIC_INT_NAMES:
+            (int_names if arg.kwarg_only else int_pos).add(key)
+    return frozenset(pos), frozenset(names), frozenset(int_pos), frozenset(int_names)
+
+
+def _lifted(a, key, floats: frozenset, ints: frozenset) -> bool:
+    t = type(a)
+    if t is float or t is complex:
+        return key in floats
+    return t is int and key in ints and _INT64_MIN <= a <= _INT64_MAX
+
+
+def lift(func, args, kwargs):
+    pos, names, int_pos, int_names = _liftable(func)
+    if pos or int_pos:
+        args = tuple(Scalar(a) if _lifted(a, i, pos, int_pos) else a for i, a in enumerate(args))
+    if names or int_names:
+        kwargs = {k: Scalar(v) if _lifted(v, k, names, int_names) else v for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def pick(leaf):
+    if isinstance(leaf, torch.Tensor):
+        if type(leaf) is not LazyTensor and leaf.dim() != 0:
+            raise RuntimeError(
+                f"Expected all tensors to be on the same device, but found at least two devices, "
+                f"tpu:0 and {leaf.device}!"
+            )
+        return leaf
+    if type(leaf) is Scalar:
+        return leaf
+    return None
+
+
+def _input_value(v, index: int):
+    if type(v) is LazyTensor:
+        return read(v)
+    if type(v) is Scalar:
+        return v
+    return hostio.data_from_cpu(v, index)
+
+
+def device_index(values) -> int:
+    index = None
+    for v in values:
+        if type(v) is LazyTensor:
+            if index is None:
+                index = v._lt_index
+            elif v._lt_index != index:
+                raise RuntimeError(
+                    "Expected all tensors to be on the same device, but found at least two devices, "
+                    f"tpu:{index} and tpu:{v._lt_index}!"
+                )
+    return 0 if index is None else index
+
+
+def kwarg_device_index(kwargs) -> int | None:
+    d = kwargs.get("device")
+    if d is None:
+        return None
+    return torch.device(d).index or 0
+
+
+def _value_stride(func, m) -> tuple:
+    """An output's strides: the meta's, except for a dtype-changing view
+    computed as a value (``run_view``) whose meta strides do not cover a dense
+    block (``view_as_real`` of a diagonal): that value is stored contiguously."""
+    if torch._prims_common.is_non_overlapping_and_dense_or_false(m) or schema.view_kind(func) != "view":
+        return m.stride()
+    return contiguous_strides(m.shape)
+
+
+class _Plan:
+    """What recording one call signature needs, computed once (Note [Plans]).
+
+    Note [Plans]: a call's signature is the op, the interned descriptions of
+    its tensor arguments, the kinds of its lifted scalars and its static
+    arguments. The first call of a signature runs torch's meta kernel and
+    builds the plan; every later call is one dict lookup, then a node.
+    """
+
+    __slots__ = (
+        "template",
+        "descs",
+        "out_avals",
+        "static",
+        "random",
+        "layout",
+        "container",
+        "device_index",
+        "scalar_check",
+        "value_plan",
+    )
+
+    def __init__(self, func, template, meta_out, rule, device_index) -> None:
+        metas = [meta_out] if isinstance(meta_out, torch.Tensor) else list(meta_out)
+        tensors = [m for m in metas if isinstance(m, torch.Tensor)]
+        self.descs = tuple(describe(m.shape, _value_stride(func, m), 0, m.numel(), m.dtype) for m in tensors)
+        out_avals = tuple(d.aval for d in self.descs)
+        self.random = rule.random
+        if rule.random:  # Note [Random state]: the PRNG key is the last input and output
+            n_slots = _count_slots(template)
+            template = Template(template.args + (Slot(n_slots),), template.kwargs)
+            out_avals = out_avals + (RNG_AVAL,)
+        self.template = template
+        self.out_avals = out_avals
+        self.static = op_sig(func, template, out_avals)
+        self.device_index = device_index
+        self.scalar_check = None  # Note [Python integers wrap]: see scalars.per_call_check
+        self.value_plan = None  # Note [Value checks]
+        if isinstance(meta_out, torch.Tensor):
+            self.layout, self.container = None, None
+        else:
+            it = iter(range(len(tensors)))
+            self.layout = tuple(next(it) if isinstance(m, torch.Tensor) else ("const", m) for m in metas)
+            self.container = tuple if isinstance(meta_out, tuple) else list
+
+    def pack(self, outs):
+        if self.layout is None:
+            return outs[0]
+        return self.container(outs[e] if type(e) is int else e[1] for e in self.layout)
+
+
+def _count_slots(leaf) -> int:
+    if type(leaf) is Slot:
+        return 1
+    if type(leaf) is Template:
+        return sum(_count_slots(a) for a in leaf.args) + sum(_count_slots(v) for _, v in leaf.kwargs)
+    if type(leaf) is tuple:
+        return sum(_count_slots(x) for x in leaf)
+    return 0
+
+
+PLANS = _caches.memo("record_plans")
+# ops known to resolve straight to a recorded rule (not handlers, not views)
+RECORDED: dict = {}
+_caches.register("recorded_ops", RECORDED.clear)
+
+
+def key_leaf(a, values: list):
+    t = type(a)
+    if t is LazyTensor:
+        values.append(a)
+        return a._lt_desc
+    if t is list or t is tuple:
+        return tuple(key_leaf(x, values) for x in a)
+    if isinstance(a, torch.Tensor):
+        pick(a)  # torch's error for a non-scalar tensor of another device
+        values.append(a)
+        return ("cpu", a.dtype, a.dim())
+    return a
+
+
+def plan_key(func, args, kwargs) -> tuple[tuple, list]:
+    """The call's plan key and its values (tensors and lifted scalars), in
+    the order ``flatten`` puts them in."""
+    pos, names, int_pos, int_names = _liftable(func)
+    values: list = []
+    parts: list = [func]
+    for i, a in enumerate(args):
+        t = type(a)
+        if t is LazyTensor:
+            values.append(a)
+            parts.append(a._lt_desc)
+        elif ((t is float or t is complex) and i in pos) or (
+            t is int and i in int_pos and _INT64_MIN <= a <= _INT64_MAX
+        ):
+            values.append(Scalar(a))
+            parts.append(t)
+        else:
+            parts.append(key_leaf(a, values))
+    if kwargs:
+        for k in sorted(kwargs):
+            a = kwargs[k]
+            if _lifted(a, k, names, int_names):
+                values.append(Scalar(a))
+                parts.append((k, type(a)))
+            else:
+                parts.append((k, key_leaf(a, values)))
+    return tuple(parts), values
+
+
+def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: bool = True):
+    """Record ``func`` as one node; return LazyTensors of its pending outputs.
+
+    With ``into`` (the target of an in-place op, a tensor owning its storage
+    with exactly the layout of ``func``'s single output), the storage of
+    ``into`` is re-bound to the output instead, and ``into`` is returned.
+    ``flush=False``: strict mode does not run the node now (Note [Uninitialized
+    factories] in device/registration).
+    """
+    key, values = plan_key(func, args, kwargs)
+    plan = PLANS.get(key)
+    if plan is None:
+        plan = make_plan(func, args, kwargs, rule, values)
+        PLANS[key] = plan
+    if plan.scalar_check is not None:
+        plan.scalar_check(values)
+    index = plan.device_index
+    if index is None:
+        index = device_index(values)
+    ctx = context(index)
+    # above this frame: dispatch, LazyTensor.__torch_dispatch__, then the caller (Note [Source locations])
+    with ctx.lock:
+        lane = ctx.lane()  # Note [Lanes]
+        first = True
+        for v in values:
+            if type(v) is LazyTensor:
+                if v._lt_storage.graph is not lane.graph:
+                    lane = ctx.lane_for(v._lt_storage, lane, first)
+                first = False
+        inputs = [
+            (v._lt_storage.value if v._lt_window is None else read(v))
+            if type(v) is LazyTensor
+            else _input_value(v, index)
+            for v in values
+        ]
+        if plan.random:
+            inputs.append(ctx.rng_value())
+        node = Node(func, plan.template, tuple(inputs), plan.out_avals, debug.location(3), plan.static)
+        if plan.value_plan is not None:
+            plan.value_plan.record(ctx, node, inputs)
+        if plan.random:
+            ctx.graph.rng = Output(node, len(plan.out_avals) - 1)
+        if into is not None and plan.layout is None and plan.descs[0] is into._lt_desc:
+            into._lt_storage.bind(Output(node, 0), lane.graph)  # an in-place op: no tensor in between
+            ctx.recorded(node)
+            return into
+        graph = lane.graph  # new_tensor_of, inlined: this is the per-op path
+        outs = [LazyTensor(Storage(Output(node, i), graph, d.stride), d, index, True) for i, d in enumerate(plan.descs)]
+        ctx.recorded(node, flush)
+    return plan.pack(outs)
+
+
+def make_plan(func, args, kwargs, rule, values) -> _Plan:
+    args, kwargs = lift(func, args, kwargs)
+    template, flat_values = flatten(args, kwargs, pick)
+    if rule.random:
+        check_generator(kwargs)
+    meta_out = infer_meta(func, template, flat_values)
+    check_kernel_dtypes(func, template, flat_values)
+    if rule.random:
+        plan = _Plan(func, template, meta_out, rule, kwarg_device_index(kwargs))
+        plan.scalar_check = scalars.random_check(func, template)
+    else:
+        scalars.check_at_plan(func, args, kwargs, template, flat_values, meta_out)
+        plan = _Plan(func, template, meta_out, rule, kwarg_device_index(kwargs))
+        plan.scalar_check = scalars.per_call_check(func, kwargs, template, flat_values, meta_out)
+    plan.value_plan = value_checks.plan(func, args, kwargs, template, flat_values)
+    return plan
+
+
+def check_generator(kwargs) -> None:
+    """torch's ``check_generator``: a random op given a generator of another
+    device raises (there are no tpu generators: torch has no Python hook to
+    make one). Ignoring it would also put the generator in the program key."""
+    generator = kwargs.get("generator")
+    if generator is not None:
+        raise RuntimeError(f"Expected a 'tpu' device type for generator but found '{generator.device.type}'")
+
+
+_DECOMPOSED_CHECKED = _caches.memo("decomposed_checked")
+
+
+def check_with_meta(func, args, kwargs) -> None:
+    """torch's errors for a call about to be decomposed: the meta kernel's,
+    and the CPU kernel's (Note [Kernel checks]); once per call signature."""
+    args, kwargs = lift(func, args, kwargs)
+    template, values = flatten(args, kwargs, pick)
+    key = (func, template, tuple(value_key(v) for v in values))
+    if key in _DECOMPOSED_CHECKED:
+        return
+    try:
+        infer_meta(func, template, values)
+    except MetaUnavailable:
+        pass
+    check_kernel_dtypes(func, template, values)
+    _DECOMPOSED_CHECKED.add(key)
+
+
+def failed_outputs(func, args, kwargs, error: Exception):
+    """Outputs of ``func`` whose values are ``error`` (Note [Errors in
+    backward]); shapes from the meta kernel, else from CPU on empty inputs."""
+    args_l, kwargs_l = lift(func, args, kwargs)
+    template, values = flatten(args_l, kwargs_l, pick)
+    wrapped = RuntimeError(f"lazytpu: {func} failed inside backward: {type(error).__name__}: {error}")
+    try:
+        out = run_on(func, template, values, "meta")
+    except Exception:  # noqa: BLE001 - fall through to the CPU shapes
+        try:
+            out = run_on(func, template, values, "cpu")
+        except Exception:  # noqa: BLE001 - nothing better to offer
+            raise error from None
+    index = device_index(values)
+    warnings.warn(str(wrapped), RuntimeWarning, stacklevel=2)
+
+    def make(m):
+        desc = describe(m.shape, m.stride(), 0, m.numel(), m.dtype)
+        return new_tensor_of(Failed(wrapped, desc.aval), desc, index)
+
+    return map_tensors(out, torch.Tensor, make)
+
+
+def map_tensors(x, kind, fn):
+    """``fn`` applied to every ``kind`` tensor in nested lists/tuples
+    (a module function: Note [No closure cycles])."""
+    if isinstance(x, kind):
+        return fn(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(map_tensors(y, kind, fn) for y in x)
+    return x
