@@ -23,7 +23,7 @@ import warnings
 import torch
 from torch._decomp import decomposition_table
 
-from lazytpu import _caches, debug
+from lazytpu import _caches
 from lazytpu.engine import RNG_AVAL, STEPS_DUE, context, run_due_steps
 from lazytpu.frontend import hostio, metas
 from lazytpu.frontend.checks import scalars, value_checks
@@ -34,6 +34,7 @@ from lazytpu.frontend.tensor import LazyTensor, describe, set_dispatcher
 from lazytpu.frontend.windows import contiguous_strides, new_tensor_of, read
 from lazytpu.ir import Failed, Node, Output, Scalar, Storage
 from lazytpu.ir.node import op_sig
+from lazytpu.ir.source import location
 from lazytpu.ir.template import Slot, Template, fill, flatten
 from lazytpu.lowering import get_rule
 
@@ -364,7 +365,8 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: b
     if index is None:
         index = _device_index(values)
     ctx = context(index)
-    # above this frame: dispatch, LazyTensor.__torch_dispatch__, then the caller (Note [Source locations])
+    # above this frame: dispatch, LazyTensor.__torch_dispatch__, then the caller
+    # (Note [Source locations] in lazytpu.ir.source)
     with ctx.lock:
         lane = ctx.lane()  # Note [Lanes]
         first = True
@@ -381,7 +383,7 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: b
         ]
         if plan.random:
             inputs.append(ctx.rng_value())
-        node = Node(func, plan.template, tuple(inputs), plan.out_avals, debug.location(3), plan.static)
+        node = Node(func, plan.template, tuple(inputs), plan.out_avals, location(3), plan.static)
         if plan.value_plan is not None:
             plan.value_plan.record(ctx, node, inputs)
         if plan.random:
