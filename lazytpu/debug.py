@@ -6,8 +6,11 @@
     LAZYTPU_DUMP_DIR=/tmp/dump python train.py  # IR + StableHLO per compile
 
 Every recorded op carries the user's source location (file:line of the code
-that recorded it, Note [Source locations]): deferred failures, recompile
-explanations and program dumps name it.
+that recorded it, Note [Source locations] in ``lazytpu.ir.source``): deferred
+failures, recompile explanations and program dumps name it.
+
+The engine does not import this module: importing it registers its observer
+of compiles with the engine (Note [Engine observers] in ``lazytpu.engine``).
 """
 
 from __future__ import annotations
@@ -21,64 +24,9 @@ import threading
 import warnings
 from pathlib import Path
 
-from lazytpu import _caches, _config, metrics
-from lazytpu.ir.node import source_text
+from lazytpu import _caches, _config, engine, metrics
 
 __all__ = ["explain", "pending_graph", "format_program", "clear"]
-
-_INTERNAL = (os.sep + "torch" + os.sep, os.sep + "lazytpu" + os.sep, os.sep + "jax" + os.sep)
-
-# Note [Source locations]: each recorded node keeps ``(code, lasti)`` of the
-# innermost frame outside torch, jax and lazytpu: two attribute reads per
-# frame walked, and one dict hit per frame to tell internal code from user
-# code (keyed by ``id(code)``: hashing a code object hashes its bytecode and
-# constants). The line number and the text are computed only when shown
-# (``source_text``), on a failure or in a debug view.
-_CODE_IS_INTERNAL: dict[int, bool] = {}
-_PINNED: list = []  # the codes classified above: alive, so that their ids are not reused
-
-
-def _classify(code) -> bool:
-    name = code.co_filename
-    internal = any(part in name for part in _INTERNAL) or name.startswith("<frozen")
-    _PINNED.append(code)
-    _CODE_IS_INTERNAL[id(code)] = internal
-    return internal
-
-
-def _forget_codes() -> None:
-    _CODE_IS_INTERNAL.clear()
-    _PINNED.clear()
-
-
-_caches.register("source_codes", _forget_codes)
-
-
-def location(skip: int = 1):
-    """``(code, lasti)`` of the innermost frame outside torch, jax and
-    lazytpu, starting ``skip`` frames above this one (frames known to be
-    internal need no walk); ``None`` when there is none (an op recorded by
-    autograd's engine, which runs no Python code of the user's)."""
-    try:
-        frame = sys._getframe(skip)
-    except ValueError:  # a shorter stack than the caller expected
-        frame = sys._getframe(1)
-    kinds = _CODE_IS_INTERNAL
-    while frame is not None:
-        code = frame.f_code
-        internal = kinds.get(id(code))
-        if internal is None:
-            internal = _classify(code)
-        if not internal:
-            return (code, frame.f_lasti)
-        frame = frame.f_back
-    return None
-
-
-def source_line() -> str | None:
-    """file:line of the innermost frame outside torch, jax and lazytpu."""
-    return source_text(location())
-
 
 # -- formatting ---------------------------------------------------------------
 
@@ -148,7 +96,6 @@ def pending_graph(*tensors, format: str = "text") -> str:
             pending tensor on device 0).
         format: ``"text"`` or ``"dot"``.
     """
-    from lazytpu.engine import context
     from lazytpu.frontend.windows import read
     from lazytpu.fusion import build_program
     from lazytpu.ir import Output
@@ -156,7 +103,7 @@ def pending_graph(*tensors, format: str = "text") -> str:
     if tensors:
         roots = [v for v in (read(t) for t in tensors) if isinstance(v, Output)]
     else:
-        roots = context(0).graph.roots()
+        roots = engine.context(0).graph.roots()
     if not roots:
         return "(nothing pending)" if format == "text" else "digraph lazytpu {}"
     program, _, _ = build_program(roots)
@@ -265,7 +212,8 @@ def _differences(old, new) -> list[tuple[str, str]]:
 
 
 def observe_compile(program, lowered) -> None:
-    """Called by the engine for each program it compiles (a cache miss)."""
+    """Called by the engine for each program it compiles (a cache miss):
+    registered below as its "compile" observer (Note [Engine observers])."""
     dump_program(lowered, {"ir.txt": format_program(program) + "\n"})
     with _HISTORY.lock:
         _HISTORY.count += 1
@@ -290,6 +238,9 @@ def observe_compile(program, lowered) -> None:
         f"({len(old.ops)} ops):"
     )
     report_recompile(header, diffs)
+
+
+engine.observe("compile", observe_compile)
 
 
 def report_recompile(header: str, diffs: list[tuple[str, str]]) -> None:

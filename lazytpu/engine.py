@@ -20,11 +20,11 @@ import jax
 import numpy as np
 import torch
 
-from lazytpu import _config, debug, metrics, runtime
+from lazytpu import _config, metrics, runtime
 from lazytpu.fusion import FailedInput, build_program, op_node, split_roots
 from lazytpu.ir import Aval, Data, Node, Output, PendingGraph
 from lazytpu.ir.graph import RandomCell
-from lazytpu.ir.node import source_text
+from lazytpu.ir.source import source_text
 from lazytpu.lowering import lower_program
 from lazytpu.runtime.platform import _ForkState, check_not_forked
 
@@ -65,6 +65,34 @@ def _mode_from_env() -> EagerMode:
 
 
 RNG_AVAL = Aval((2,), torch.uint32)
+
+
+# Note [Engine observers]: the engine calls no module above it by name. A
+# module that watches what the engine does registers a callback here when it
+# is imported (``lazytpu.debug``, which ``lazytpu/__init__.py`` imports:
+# recompile explanations and program dumps); the engine calls each callback
+# of a kind, in the order registered, at each event of that kind:
+#   "compile": ``fn(program, lowered)`` for each program compiled (a miss of
+#   the program cache), with the fused ``Program`` and its ``jax.stages.Lowered``.
+# A callback that raises fails that compile, as any error in compiling does.
+OBSERVER_KINDS = ("compile",)
+_OBSERVERS: dict[str, list[Callable]] = {kind: [] for kind in OBSERVER_KINDS}
+
+
+def observe(kind: str, fn: Callable) -> Callable:
+    """Call ``fn`` at each event of ``kind`` (Note [Engine observers]);
+    returns ``fn``. A function registered twice for a kind is called once."""
+    if kind not in _OBSERVERS:
+        raise ValueError(f"unknown engine event {kind!r}: expected one of {', '.join(OBSERVER_KINDS)}")
+    if fn not in _OBSERVERS[kind]:
+        _OBSERVERS[kind].append(fn)
+    return fn
+
+
+def notify(kind: str, *args) -> None:
+    """Call the observers of ``kind`` with ``args`` (Note [Engine observers])."""
+    for fn in _OBSERVERS[kind]:
+        fn(*args)
 
 
 class Lane:
@@ -372,7 +400,7 @@ class DeviceContext:
                 index=self.index,
                 blocking=blocking,
                 donate=donate,
-                on_compile=lambda lowered: debug.observe_compile(program, lowered),
+                on_compile=lambda lowered: notify("compile", program, lowered),
             )
         except Exception as exc:
             error = _program_error(exc, program)

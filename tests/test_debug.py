@@ -54,7 +54,7 @@ def test_recompile_log_on_stderr():
 
 
 def test_every_op_records_the_users_line():
-    from lazytpu.ir.node import source_text
+    from lazytpu.ir.source import source_text
 
     model = torch.nn.Linear(2, 2).to("tpu")
     with _config.DEBUG.override(frozenset()):  # no debug mode needed

@@ -15,7 +15,7 @@ import warnings
 import torch
 from torch._decomp import decomposition_table
 
-from lazytpu import _caches, debug
+from lazytpu import _caches
 from lazytpu.engine import RNG_AVAL, context
 from lazytpu.frontend import hostio, schema
 from lazytpu.frontend.checks import scalars, value_checks
@@ -25,6 +25,7 @@ from lazytpu.frontend.tensor import LazyTensor, describe
 from lazytpu.frontend.windows import contiguous_strides, new_tensor_of, read
 from lazytpu.ir import Failed, Node, Output, Scalar, Storage
 from lazytpu.ir.node import op_sig
+from lazytpu.ir.source import location
 from lazytpu.ir.template import Slot, Template, flatten
 
 aten = torch.ops.aten
@@ -282,7 +283,8 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: b
     if index is None:
         index = device_index(values)
     ctx = context(index)
-    # above this frame: dispatch, LazyTensor.__torch_dispatch__, then the caller (Note [Source locations])
+    # above this frame: dispatch, LazyTensor.__torch_dispatch__, then the caller
+    # (Note [Source locations] in lazytpu.ir.source)
     with ctx.lock:
         lane = ctx.lane()  # Note [Lanes]
         first = True
@@ -299,7 +301,7 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: b
         ]
         if plan.random:
             inputs.append(ctx.rng_value())
-        node = Node(func, plan.template, tuple(inputs), plan.out_avals, debug.location(3), plan.static)
+        node = Node(func, plan.template, tuple(inputs), plan.out_avals, location(3), plan.static)
         if plan.value_plan is not None:
             plan.value_plan.record(ctx, node, inputs)
         if plan.random:

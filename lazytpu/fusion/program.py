@@ -6,7 +6,8 @@ from typing import Any
 
 import attrs
 
-from lazytpu.ir.node import Aval, Data, Failed, Node, Output, Scalar, source_text
+from lazytpu.ir.node import Aval, Data, Failed, Node, Output, Scalar
+from lazytpu.ir.source import source_text
 
 # A reference inside a program: ("in", i) is the i-th input, (j, k) is the
 # k-th output of the j-th op.

@@ -89,7 +89,7 @@ class Node:
     spec: Any  # lowering-stage call template (hashable)
     inputs: tuple[Any, ...]  # Output | Data | Scalar
     out_avals: tuple[Aval, ...]
-    source: Any = None  # where the user recorded it: (code, lasti), see source_text
+    source: Any = None  # where the user recorded it: (code, lasti), see lazytpu.ir.source
     static: Any = None
 
     @property
@@ -130,18 +130,6 @@ def op_sig(op, spec, out_avals) -> OpSig:
     if sig is None:
         sig = _SIGS.setdefault(static, OpSig(static))
     return sig
-
-
-def source_text(where) -> str | None:
-    """``file:line`` of a node's ``source`` (Note [Source locations] in
-    ``lazytpu.debug``): a ``(code, lasti)`` pair, a ready string, or None."""
-    if where is None or type(where) is str:
-        return where
-    code, lasti = where
-    for start, end, line in code.co_lines():
-        if start <= lasti < end and line is not None:
-            return f"{code.co_filename}:{line}"
-    return f"{code.co_filename}:{code.co_firstlineno}"
 
 
 @attrs.frozen(slots=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from lazytpu import _config, debug
+from lazytpu import _config
 from lazytpu.engine import DeferredCheck, context, located
 from lazytpu.frontend import hostio
 from lazytpu.frontend.checks import value_checks
@@ -26,6 +26,7 @@ from lazytpu.frontend.routes.fallback import DATA_DEPENDENT, cpu_fallback
 from lazytpu.frontend.tensor import LazyTensor
 from lazytpu.frontend.windows import read
 from lazytpu.ir import Output
+from lazytpu.ir.source import location, source_line
 from lazytpu.ir.template import Slot, Template
 from lazytpu.lowering import get_rule
 
@@ -76,7 +77,7 @@ def _check_later(func, args, kwargs, out) -> None:
     # snapshots: later in-place writes to an index tensor must not change what this op used
     snap_args = _map(args, lambda t: t.clone() if _is_index(t) else t)
     snap_kwargs = {k: _map(v, lambda t: t.clone() if _is_index(t) else t) for k, v in kwargs.items()}
-    where = debug.source_line()
+    where = source_line()
 
     def stand_in(t):
         if _is_index(t):
@@ -127,6 +128,6 @@ def one_hot(func, args, kwargs):
         with ctx.graph.lock:
             pending = out._lt_storage.value
             node = pending.node if type(pending) is Output else None
-            checks.record(ctx, node, [read(x)], debug.location(), (out._lt_storage,))
+            checks.record(ctx, node, [read(x)], location(), (out._lt_storage,))
         ctx.flush_if_due()
     return out

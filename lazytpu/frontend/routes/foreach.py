@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from lazytpu import _caches, debug
+from lazytpu import _caches
 from lazytpu.engine import context
 from lazytpu.frontend import metas, record
 from lazytpu.frontend.routes.inplace import functional_args
@@ -17,6 +17,7 @@ from lazytpu.frontend.windows import read, write_value
 from lazytpu.ir import Node, Output, Scalar, Storage
 from lazytpu.ir.foreach_node import ForeachPart, ForeachSpec, foreach_op
 from lazytpu.ir.node import op_sig
+from lazytpu.ir.source import location
 from lazytpu.lowering import get_rule
 
 aten = torch.ops.aten
@@ -280,7 +281,7 @@ def _record(batch: _Batch, values: list):
                 inputs.append(v._lt_storage.value if v._lt_window is None else read(v))
             else:
                 inputs.append(Scalar(v))
-        node = Node(op, spec, tuple(inputs), out_avals, debug.location(3), batch.sig)
+        node = Node(op, spec, tuple(inputs), out_avals, location(3), batch.sig)
         results = []
         k = 0
         if batch.targets is not None:

@@ -10,7 +10,7 @@ import math
 import jax
 import torch
 
-from lazytpu import debug, runtime
+from lazytpu import runtime
 from lazytpu.engine import DeferredCheck, context
 from lazytpu.frontend import hostio
 from lazytpu.frontend.checks.overlap import check_overlap
@@ -19,6 +19,7 @@ from lazytpu.frontend.routes.views import check_in_bounds, storage_nbytes
 from lazytpu.frontend.tensor import LazyTensor
 from lazytpu.frontend.windows import contiguous_strides, new_tensor, rebind_metadata, view_of, write
 from lazytpu.ir import Data, Failed, Output
+from lazytpu.ir.source import source_line
 from lazytpu.lowering import get_rule
 
 aten = torch.ops.aten
@@ -188,7 +189,7 @@ def linalg_check_errors(func, args, kwargs):
     value = info._lt_storage.value
     if type(value) is Output:
         context(info.device.index or 0).defer_check(
-            DeferredCheck(check, (value,), "torch." + args[1].removeprefix("torch."), debug.source_line())
+            DeferredCheck(check, (value,), "torch." + args[1].removeprefix("torch."), source_line())
         )
     else:
         check()
