@@ -386,7 +386,7 @@ PIPELINED = ("mlp_b32", "mlp_b256", "transformer")  # the workloads with an opti
 
 
 def _run_pipelined(cases: list[Case], n: int, rounds: int, bar) -> None:
-    """Note [Pipelined steady state]: one warm-up block, then ``rounds`` timed blocks per case."""
+    """One warm-up block, then ``rounds`` timed blocks per case (Note [Pipelined steady state])."""
     for r, case in _rounds(cases, rounds + 1):
         if bar is not None:
             bar.set_postfix_str(f"{case.workload}/{case.variant} pipelined", refresh=False)

@@ -1,6 +1,6 @@
 """Command line and process environment of the suite (imports neither torch nor JAX).
 
-Thread settings (Note [Equal threads]): every variant runs in this one process
+Note [Equal threads]: every variant runs in this one process
 with the same number of compute threads ``N`` (``--threads``, default 1):
 
 - PyTorch CPU eager and torch.compile (inductor's OpenMP kernels):

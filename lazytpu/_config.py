@@ -1,7 +1,7 @@
 """Typed flags, read from the environment once, usable as ``with`` blocks.
 
-Every environment variable lazytpu reads is declared here (Note [Env table]):
-the docs' table is checked against ``FLAGS``.
+Note [Env table]: every environment variable lazytpu reads is declared
+here, in ``FLAGS``; the docs' table is checked against it.
 """
 
 from __future__ import annotations

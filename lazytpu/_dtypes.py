@@ -73,13 +73,12 @@ def number(value, dtype):
     return jnp.asarray(value, dtype)
 
 
-# Note [complex32 storage]
-# ~~~~~~~~~~~~~~~~~~~~~~~~
-# torch.complex32 (chalf) has no JAX dtype. A complex32 value is stored as a
-# complex64 array whose real and imaginary parts are exactly representable in
-# float16: ``program.cast_to`` rounds each part through float16 whenever a rule
-# produces a complex32 result, as CPU torch rounds when it stores a chalf
-# element, and ``hostio`` widens on upload and narrows on download (both exact).
+# Note [complex32 storage]: torch.complex32 (chalf) has no JAX dtype. A
+# complex32 value is stored as a complex64 array whose real and imaginary parts
+# are exactly representable in float16: ``to_jax.cast_to`` rounds each part
+# through float16 whenever a rule produces a complex32 result, as CPU torch
+# rounds when it stores a chalf element, and ``hostio`` widens on upload and
+# narrows on download (both exact).
 
 
 def round_complex32(x):

@@ -119,12 +119,12 @@ class Lane:
         self.graph = graph
         self.thread = None if thread is None else weakref.ref(thread)
         self.checks: list = []  # Note [Deferred checks]
-        # Note [Value checks] (lazytpu.frontend.checks.value_checks): recorded since the last flush, computed but not
+        # Note [Value checks] in lazytpu.frontend.checks.value_checks: recorded since the last flush, computed but not
         # read yet, and read but not raised yet
         self.value_checks: list = []
         self.computed_checks: list = []
         self.check_errors: list = []
-        # Note [In-graph collectives] (lazytpu.distributed.ingraph): set while the pending graph
+        # Note [In-graph collectives] in lazytpu.distributed.ingraph: set while the pending graph
         # holds a collective; the next flush runs its program over the group's mesh of processes
         # instead of on this device alone.
         self.collective_runner = None
@@ -262,7 +262,7 @@ class DeviceContext:
         the op: at the latest when a result of the checked op is read, never
         later. The values that depend on the checked op fail with the error;
         every other value keeps its result (Note [Failure isolation] in
-        lazytpu.fusion). A check whose op failed is dropped.
+        lazytpu.fusion.program). A check whose op failed is dropped.
         """
         with self.lock:
             self.lane().checks.append(check)
@@ -475,7 +475,7 @@ def _program_error(exc: Exception, program) -> Exception:
     from lazytpu.lowering import LoweringError
 
     if isinstance(exc, LoweringError):
-        message = str(exc)  # names the op and its source (lowering/program.py)
+        message = str(exc)  # names the op and its source (lowering/to_jax.py)
     else:
         message = f"{type(exc).__name__}: {exc}{_recorded_at(program)}"
     if "RESOURCE_EXHAUSTED" in message or "out of memory" in message.lower():

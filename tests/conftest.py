@@ -27,7 +27,7 @@ hypothesis.settings.load_profile("ci")
 
 MODES = ("defer", "strict")
 
-# One per-dtype tolerance table (Note [Tolerances]): XLA:CPU may fuse and
+# Note [Tolerances]: one per-dtype tolerance table: XLA:CPU may fuse and
 # reassociate, so float results differ from CPU torch by a few ulps.
 TOLERANCES = {
     torch.float16: dict(rtol=1e-3, atol=1e-3),

@@ -105,12 +105,12 @@ def test_suite_entry_point_smoke(tmp_path):
     assert {c["status"] for c in mlp} == {"ok"}
     assert {t["result"] for t in data["targets"]} <= {"PASS", "FAIL", "N/A", "NO DATA"}
     assert "Targets" in proc.stdout
-    # Note [Pipelined steady state]: the optimizer workload is also timed in blocks (one warm-up block untimed)
+    # the optimizer workload is also timed in blocks, one warm-up block untimed (Note [Pipelined steady state])
     assert all(len(c["pipelined_s"]) == 2 and c["pipelined_median_s"] > 0 for c in mlp)
     assert all(c["compiled_in_pipelined"] == 0 for c in mlp)
     assert not any("pipelined_s" in c for c in data["cases"] if c["workload"] == "record")
     assert data["pipelined_ratios"]["mlp_b32"]["defer/jax"] > 0
-    # Note [Ceilings]: the ideal backend (torch.compile's own host work, then the jax.jit step)
+    # Note [Ceilings] in report.py: the ideal backend (torch.compile's own host work, then the jax.jit step)
     # is never faster than the jax.jit step alone
     assert data["ratios"]["mlp_b32"]["ideal/jax"] > 1.0
     assert data["pipelined_ratios"]["mlp_b32"]["ideal/jax"] > 0

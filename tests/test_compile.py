@@ -133,8 +133,8 @@ def _executed(fn, *args):
 
 
 def test_graphs_are_nodes_of_the_pending_graph():
-    """Note [Graphs as nodes]: a compiled graph waits for the next sync like an
-    eager op, its pending inputs fuse with it, and strict mode runs it at once."""
+    """A compiled graph waits for the next sync like an eager op, its pending
+    inputs fuse with it, and strict mode runs it at once (Note [Graphs as nodes])."""
     ref = _mlp()
     model = copy.deepcopy(ref).to("tpu")
     fn = torch.compile(model, backend="tpu")

@@ -93,8 +93,8 @@ def test_bad_value_fails_at_import(tmp_path, env, value):
     ("platform", "env", "present"), [("tpu", {}, "cpu"), ("gpu", {}, "cpu"), ("cpu", {"JAX_PLATFORMS": "tpu"}, "none")]
 )
 def test_absent_platform_fails_at_import_naming_what_is_present(platform, env, present):
-    """Note [Platform at import]: on this machine (XLA:CPU only) tpu and gpu are absent, and
-    JAX_PLATFORMS=tpu leaves nothing."""
+    """On this machine (XLA:CPU only) tpu and gpu are absent, and JAX_PLATFORMS=tpu leaves
+    nothing (Note [Platform at import])."""
     from lazytpu.runtime.platform import possible_platforms
 
     assert possible_platforms() == ("cpu",)  # the machine these expectations are for

@@ -1,4 +1,4 @@
-"""Note [Failure isolation]: a failed op fails only the values that depend on it.
+"""A failed op fails only the values that depend on it (Note [Failure isolation]).
 
 Every other pending value is computed and keeps its result, pending in-place
 updates of materialized tensors (parameters, optimizer state) included, and

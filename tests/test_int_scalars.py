@@ -158,7 +158,7 @@ def test_integer_division_by_a_zero_python_int():
 
 
 def test_changing_python_ints_reuse_one_program():
-    """Note [Scalar lifting]: an int operand is a program input, like a float."""
+    """An int operand is a program input, like a float (Note [Scalar lifting])."""
     x = torch.arange(6).to("tpu")
     f = torch.linspace(-1, 1, 6).to("tpu")
 

@@ -11,7 +11,7 @@ from conftest import run_both
 import lazytpu
 
 aten = torch.ops.aten
-# Note [Attention dropout]: without dropout, the efficient-attention op; with it, the overrideable one.
+# Without dropout, the efficient-attention op; with it, the overrideable one (Note [Attention dropout]).
 FUSED = "aten._scaled_dot_product_efficient_attention.default"
 FUSED_BACKWARD = "aten._scaled_dot_product_efficient_attention_backward.default"
 FUSED_DROPOUT = "aten._scaled_dot_product_fused_attention_overrideable.default"

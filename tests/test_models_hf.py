@@ -7,7 +7,7 @@ model is the reference. Dropout probabilities are 0 for parity: CPU and
 
 ``model.to("tpu")`` keeps tied weights tied (GPT-2's ``lm_head``/``wte``,
 BERT's decoder weight and bias), as on CUDA: no ``model.tie_weights()`` is
-needed after the move (Note [Module conversion] in lazytpu).
+needed after the move (Note [Module conversion] in lazytpu/device/module_conversion.py).
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ def test_greedy_generation_matches_cpu_llama_bucketed_prompts():
     tokens, first = _generate(model, prompts[0], "tpu")
     assert torch.equal(tokens, expected[0])
     assert first["cpu_fallbacks"] == {}
-    # Note [Generation programs]: two host reads per step in the first generation of a bucket...
+    # two host reads per step in the first generation of a bucket (Note [Generation programs])...
     assert first["programs_compiled"] <= 2 * NEW_TOKENS + 6
     tokens, second = _generate(model, prompts[1], "tpu")
     assert torch.equal(tokens, expected[1])
@@ -256,6 +256,6 @@ def test_static_cache_generation_compiles_the_model_twice(tmp_path):
         tokens, stats = _generate(model, prompt, "tpu", cache_implementation="static")
     assert torch.equal(tokens, expected)
     assert stats["cpu_fallbacks"] == {}
-    # Note [Generation programs]: the prefill, and one decode step for all 19 steps
+    # the prefill, and one decode step for all 19 steps (Note [Generation programs])
     prefill, decode = _compiled(tmp_path / "static")
     assert prefill <= 1 and decode == 1

@@ -132,8 +132,8 @@ HOST_COPIES = {
 @pytest.mark.parametrize("copy", sorted(HOST_COPIES))
 @pytest.mark.parametrize("mode", ["defer", "strict"])
 def test_copy_from_host_runs_no_program(copy, mode):
-    """Note [Uninitialized factories]: torch's ``empty`` then ``copy_`` of a host
-    tensor runs no program (strict mode ran the ``empty``), and the value is the host's."""
+    """Torch's ``empty`` then ``copy_`` of a host tensor runs no program (strict mode
+    ran the ``empty``), and the value is the host's (Note [Uninitialized factories])."""
     x = torch.randn(3, 4)
     expected = HOST_COPIES[copy](x, "cpu")
     with torch.tpu.set_eager_mode(mode):

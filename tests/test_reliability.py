@@ -137,7 +137,7 @@ def _train_own_model(seed: int, results: dict) -> None:
 
 
 def test_threads_stay_apart():
-    """Note [Lanes]: four threads training their own models get bitwise the results of running one after
+    """Four threads training their own models (Note [Lanes]) get bitwise the results of running one after
     another, and compile what that compiles plus a small constant (before: 85 more compiles, results off by
     1e-7, as the threads' ops were fused together in combinations that changed from run to run)."""
     concurrent: dict = {}

@@ -174,7 +174,7 @@ def test_step_boundary_flags_from_the_environment():
     assert "optimizer_step" not in off["steps"] and off["executed"] == 0  # three steps, nothing ran yet
     assert off["capped"] == {"graph_cap": 2} and off["z"] == [250.0] * 4
     on = _step_run()  # the defaults: a sync per step, a cap far above 250 ops
-    # Note [Step boundary]: the third step's program waits for the next op (here the read of ``w``)
+    # the third step's program waits for the next op, here the read of ``w`` (Note [Step boundary])
     assert on["steps"] == {"optimizer_step": 3} and on["executed"] == 2
     assert on["capped"] == {} and on["z"] == [250.0] * 4
     assert on["w"] == off["w"]

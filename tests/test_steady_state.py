@@ -94,9 +94,9 @@ def test_compiles_nothing_after_warmup(setup, read_loss):
 
 @pytest.mark.parametrize("read_loss", [True, False], ids=["item", "no_item"])
 def test_stateless_loop_compiles_one_program_from_its_first_step(read_loss):
-    """Note [Deterministic roots]: after a sync with nothing pending (the setup's
-    ``synchronize``), the first step records its roots in the same order as every
-    later step, so an SGD loop (no optimizer state to create) compiles once."""
+    """After a sync with nothing pending (the setup's ``synchronize``), the first
+    step records its roots in the same order as every later step (Note [Deterministic
+    roots]), so an SGD loop (no optimizer state to create) compiles once."""
     torch.manual_seed(0)
     model, loss_fn = _mlp_setup()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -127,7 +127,7 @@ def test_optimizer_step_is_a_sync_point():
     model = _sgd_loop(3)
     snap = lazytpu.metrics.snapshot()
     assert snap["syncs"].get("optimizer_step") == 3
-    # Note [Step boundary]: each step's program is dispatched at the next op; the last one's at this read
+    # each step's program is dispatched at the next op; the last one's at this read (Note [Step boundary])
     assert snap["programs_executed"] == 2
     model.weight.cpu()
     assert lazytpu.metrics.snapshot()["programs_executed"] == 3
@@ -149,8 +149,8 @@ def _spy_outputs(monkeypatch) -> list:
 
 
 def test_a_steps_program_does_not_write_gradients_the_loop_drops(monkeypatch):
-    """Note [Step boundary]: ``zero_grad(set_to_none=True)`` frees the gradients before the
-    next op dispatches the step's program, so they are not among its outputs."""
+    """``zero_grad(set_to_none=True)`` frees the gradients before the next op dispatches
+    the step's program, so they are not among its outputs (Note [Step boundary])."""
     _sgd_loop(2)
     shapes = _spy_outputs(monkeypatch)
     model = _sgd_loop(3)

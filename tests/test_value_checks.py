@@ -1,4 +1,4 @@
-"""Note [Value checks]: CPU torch's checks that read data hold on tpu by default.
+"""CPU torch's checks that read data hold on tpu by default (Note [Value checks]).
 
 The check is computed inside the op's program and read at the next host read:
 torch's exception type and message, naming the op and the line that recorded

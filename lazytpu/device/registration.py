@@ -124,12 +124,12 @@ def register() -> None:
     _registered.append(fallback)
     _registered.extend(autocast.register())
     _registered.append(register_optimizer_step_post_hook(_after_optimizer_step))
-    # Note [Checkpoint storages]: host copies of tpu storages are saved tagged
-    # with their device and loaded back to tpu sharing as they were saved.
+    # Host copies of tpu storages are saved tagged with their device and loaded back to tpu
+    # sharing as they were saved (Note [Checkpoint storages] in frontend/hostio).
     # Before the CPU tagger (10): the copies are CPU storages.
     torch.serialization.register_package(9, hostio.storage_location, hostio.restore_storage)
-    # Note [Module conversion]: the one patch of a torch class, so that
-    # ``model.to("tpu")`` keeps Parameters (and tied weights) as CUDA does.
+    # The one patch of a torch class, so that ``model.to("tpu")`` keeps
+    # Parameters (and tied weights) as CUDA does (Note [Module conversion]).
     torch.nn.Module._apply = keep_parameters(torch.nn.Module._apply)
     # Note [Foreach optimizers]: torch.optim takes its ``foreach`` path only
     # for tensors whose type is listed in these two tables; tpu tensors join

@@ -34,8 +34,8 @@ def scaled_dot_product_attention(
         key = key.repeat_interleave(query.size(-3) // key.size(-3), dim=-3)
         value = value.repeat_interleave(query.size(-3) // value.size(-3), dim=-3)
     if dropout_p == 0:
-        # Note [Attention dropout]: the dropout-free op compiles much faster. Its
-        # meta kernel takes 4-d inputs only.
+        # The dropout-free op compiles much faster (Note [Attention dropout] in
+        # lowering/attention). Its meta kernel takes 4-d inputs only.
         if query.dim() == 3:
             return scaled_dot_product_attention(
                 query[None], key[None], value[None], attn_mask, dropout_p, is_causal, scale=scale

@@ -15,7 +15,9 @@ from lazytpu.engine import context
 from lazytpu.frontend.windows import new_tensor, rebind_metadata, view_dtype, view_of
 from lazytpu.ir import Aval, Data, Failed, Output
 
-# numpy has no bfloat16: move its bits as uint16 (Note [bfloat16 transfers]).
+# Note [bfloat16 transfers]: torch's ``numpy()`` has no bfloat16: a bfloat16
+# tensor moves as its bits, an int16 view on torch's side and
+# ``ml_dtypes.bfloat16`` on numpy's.
 _BITS = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16)}
 
 

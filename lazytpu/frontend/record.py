@@ -181,7 +181,7 @@ class _Plan:
         self.descs = tuple(describe(m.shape, _value_stride(func, m), 0, m.numel(), m.dtype) for m in tensors)
         out_avals = tuple(d.aval for d in self.descs)
         self.random = rule.random
-        if rule.random:  # Note [Random state]: the PRNG key is the last input and output
+        if rule.random:  # the PRNG key is the last input and output (Note [Random state])
             n_slots = _count_slots(template)
             template = Template(template.args + (Slot(n_slots),), template.kwargs)
             out_avals = out_avals + (RNG_AVAL,)

@@ -67,7 +67,15 @@ class Storage:
 
 
 class RandomCell:
-    """A device's PRNG key, shared by its graphs (Note [Random state])."""
+    """A device's PRNG key, shared by its graphs.
+
+    Note [Random state]: a device's random state is one JAX PRNG key, a
+    program input and output: a random op's node takes the current key as its
+    last input and gives the next one as its last output (the rule draws from a
+    split of it, ``lowering.to_jax.apply_op``), which becomes the key the next
+    random op reads. The lanes of a device share this cell;
+    ``torch.manual_seed`` replaces the key, so runs are reproducible.
+    """
 
     __slots__ = ("value",)
 

@@ -45,7 +45,7 @@ class Failed:
 
     Note [Deferred failures]: when a fused program fails to compile or run,
     every tensor whose value depends on the failing op is re-bound to
-    ``Failed`` (Note [Failure isolation] in lazytpu.fusion): using one raises
+    ``Failed`` (Note [Failure isolation] in lazytpu.fusion.program): using one raises
     the original error again, with the op and (when known) the source line;
     every other tensor is computed and bound as usual, and the next program
     runs normally.

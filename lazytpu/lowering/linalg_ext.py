@@ -74,7 +74,7 @@ def _torch_lu(a):
 
 
 def _lu_info(lu):
-    """Note [LAPACK info]: the first zero pivot of ``U`` (1-based), else 0."""
+    """The first zero pivot of ``U`` (1-based), else 0 (Note [LAPACK info])."""
     diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
     zero = diag == 0
     if diag.shape[-1] == 0:
@@ -223,7 +223,7 @@ def _first_bad_minor(a):
 
 
 def _cholesky_info(a, factor):
-    """Note [LAPACK info]: the order of the first non-positive leading minor.
+    """The order of the first non-positive leading minor (Note [LAPACK info]).
     XLA's factor is all NaN when any minor fails, so the order is found by a
     second, unblocked factorization, run only then."""
     if a.shape[-1] == 0:
@@ -516,16 +516,14 @@ def renorm(x, p, dim, maxnorm):
 # -- LDL^T (Note [Bunch-Kaufman]) ---------------------------------------------------
 
 
-# Note [Bunch-Kaufman]
-# ~~~~~~~~~~~~~~~~~~~~
-# ``linalg_ldl_factor_ex`` replays LAPACK's unblocked ``?sytf2`` (lower), which
-# ``?sytrf`` runs for matrices narrower than its block size: the same pivot
-# tests (alpha = (1 + sqrt(17)) / 8), the same symmetric interchanges of the
-# trailing block only, the same rank-1 and rank-2 updates, one
-# ``lax.while_loop`` step per pivot. The factor is LAPACK's compact form (L
-# below the diagonal, D on it and on the subdiagonal of 2x2 blocks; the upper
-# triangle zero, as torch's ``tril`` before the call), pivots 1-based and
-# negative for 2x2 blocks. ``linalg_ldl_solve`` replays ``?sytrs``.
+# Note [Bunch-Kaufman]: ``linalg_ldl_factor_ex`` replays LAPACK's unblocked
+# ``?sytf2`` (lower), which ``?sytrf`` runs for matrices narrower than its
+# block size: the same pivot tests (alpha = (1 + sqrt(17)) / 8), the same
+# symmetric interchanges of the trailing block only, the same rank-1 and rank-2
+# updates, one ``lax.while_loop`` step per pivot. The factor is LAPACK's
+# compact form (L below the diagonal, D on it and on the subdiagonal of 2x2
+# blocks; the upper triangle zero, as torch's ``tril`` before the call), pivots
+# 1-based and negative for 2x2 blocks. ``linalg_ldl_solve`` replays ``?sytrs``.
 
 
 def _sytf2(a):

@@ -54,7 +54,7 @@ def im2col(x, kernel_size, dilation, padding, stride):
 
 @lowering(aten.col2im.default)
 def col2im(cols, output_size, kernel_size, dilation, padding, stride):
-    """Note [im2col order]: the adjoint of ``im2col``."""
+    """The adjoint of ``im2col`` (Note [im2col order])."""
     (o0, o1), taps = _taps(tuple(output_size), kernel_size, dilation, padding, stride)
     lead = cols.shape[:-2]
     channels = cols.shape[-2] // len(taps)
@@ -357,10 +357,9 @@ def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, of
 # -- CTC loss (Note [CTC in log space]) ---------------------------------------------
 
 
-# Note [CTC in log space]
-# ~~~~~~~~~~~~~~~~~~~~~~~
-# As torch's CPU kernel (LossCTC.cpp): the extended target l' puts the blank
-# between and around the labels; alpha[t, s] = lse(alpha[t-1, s], alpha[t-1, s-1],
+# Note [CTC in log space]: as torch's CPU kernel (LossCTC.cpp): the extended
+# target l' puts the blank between and around the labels;
+# alpha[t, s] = lse(alpha[t-1, s], alpha[t-1, s-1],
 # alpha[t-1, s-2] when l'[s] is a label unlike l'[s-2]) + log_probs[t, l'[s]],
 # one lax.scan step per time step, every batch element at once. The loss is
 # -lse of the last two alphas at t = input_length - 1. The log-sum-exp keeps

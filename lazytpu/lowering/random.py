@@ -1,6 +1,6 @@
 """Random ops: each takes an explicit ``key`` (the device's PRNG state).
 
-What torch's random entry points arrive as (Note [Random entry points]):
+Note [Random entry points]: what torch's random entry points arrive as:
 
 - ``torch.randn`` / ``x.normal_``: ``normal_`` -> ``normal_functional``;
 - ``torch.rand`` / ``x.uniform_``: ``uniform_`` -> ``uniform``;

@@ -242,7 +242,7 @@ def index_select(x, dim, index):
 
 @lowering(aten.index_add)
 def index_add(x, dim, index, source, *, alpha=1):
-    if x.dtype == jnp.bool_:  # Note [Bool accumulation] (lowering/indexing.py)
+    if x.dtype == jnp.bool_:  # Note [Bool accumulation] in lowering/indexing.py
         return index_add(x.astype(jnp.int32), dim, index, source.astype(jnp.int32), alpha=int(alpha)).astype(jnp.bool_)
     if x.ndim == 0:
         return x + alpha * source.reshape(())

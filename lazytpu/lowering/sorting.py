@@ -64,7 +64,7 @@ def topk(x, k, dim=-1, largest=True, sorted=True):  # noqa: A002 - torch's argum
         return x, jnp.zeros((), jnp.int64)
     axis = _axis(x, dim)
     n = x.shape[axis]
-    # Note [Selection ties]: replayed unless torch takes partial_sort or introsorts the first k - 1
+    # ties replayed unless torch takes partial_sort or introsorts the first k - 1 (Note [Selection ties])
     if k == 0 or n > _SELECT_LIMIT or k * 64 <= n or (sorted and k - 1 > 16):
         values, indices = sort_along(x, axis, descending=largest)
         return lax.slice_in_dim(values, 0, k, axis=axis), lax.slice_in_dim(indices, 0, k, axis=axis)

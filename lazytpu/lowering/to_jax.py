@@ -19,7 +19,7 @@ class LoweringError(RuntimeError):
     """A rule failed while tracing; names the op and where it was recorded.
 
     ``op_index`` is the failing op's position in the program, when known
-    (Note [Failure isolation] in lazytpu.fusion)."""
+    (Note [Failure isolation] in lazytpu.fusion.program)."""
 
     def __init__(self, message: str, op_index: int | None = None) -> None:
         super().__init__(message)

@@ -44,7 +44,7 @@ F32, F64, I64, I32, B, BF16, F16 = (
 # The dtypes a full run covers, in this order (float32 first: the headline).
 DTYPES = (F32, F64, I64, I32, B, BF16, F16)
 
-# Note [OpInfo comparison]: one tolerance table for every entry.
+# One tolerance table for every entry (Note [OpInfo comparison]).
 TOLERANCES = {
     F16: dict(rtol=1e-2, atol=1e-2),
     BF16: dict(rtol=1.6e-2, atol=1e-2),
@@ -71,7 +71,7 @@ RANDOM_ENTRIES = frozenset(
 )
 # Entries whose samples hold an argument tensor torch requires on CPU.
 CPU_ARGUMENTS = frozenset({"tensor_split"})
-# Note [OpInfo slices]: samples per case, and the default slice's stride.
+# Samples per case, and the default slice's stride (Note [OpInfo slices]).
 MAX_SAMPLES = {"forward": 32, "forward_other": 8, "grad": 8, "strict": 4}
 SLICE_EVERY = 4
 STRICT_EVERY = 10

@@ -1,6 +1,6 @@
 """Python numbers in recorded calls: torch's checks of their values.
 
-Note [Python integers wrap] (in ``_dtypes``) says what torch does with a
+Note [Python integers wrap] in ``_dtypes`` says what torch does with a
 Python number that meets a narrower dtype; this module makes the checks
 torch's CPU kernels make of such numbers, at the call: once per call
 signature when a plan is made (``check_at_plan``), and at every call where a
@@ -71,11 +71,11 @@ def _family(func) -> str:
 
 
 def check_at_plan(func, args, kwargs, template, values, meta_out) -> None:
-    """Note [Python integers wrap]: a Python int operand that torch's CPU
-    kernel rejects (``uint8.fill_(300)``, ``bool - 1``, ``bool + 2**63``,
-    ``int // 0``) raises torch's error here, at the call, once per call
-    signature (the int's value is part of it); an int that passes is wrapped
-    by the lowering as torch wraps it."""
+    """A Python int operand that torch's CPU kernel rejects
+    (``uint8.fill_(300)``, ``bool - 1``, ``bool + 2**63``, ``int // 0``)
+    raises torch's error here, at the call, once per call signature (the
+    int's value is part of it); an int that passes is wrapped by the lowering
+    as torch wraps it (Note [Python integers wrap] in _dtypes)."""
     name = _family(func)
     if name not in _SCALAR_OPS or not any(_int_value(a) is not None for a in (*args, *kwargs.values())):
         return

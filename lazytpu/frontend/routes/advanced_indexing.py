@@ -50,9 +50,9 @@ _CHECKED = _caches.memo("indexing_checked")
 
 
 def prepare_indexing(func, args, kwargs) -> tuple[tuple, object]:
-    """Note [Advanced indexing]: ``(args, None)``, the call's arguments to
-    record (CPU indices moved, masks checked or expanded), or ``(args, out)``
-    when the op ran where its data is."""
+    """``(args, None)``, the call's arguments to record (CPU indices moved,
+    masks checked or expanded), or ``(args, out)`` when the op ran where its
+    data is (Note [Advanced indexing])."""
     key = _signature(func, args, kwargs)
     if key in _CHECKED:  # the common case: one tuple and one set lookup
         return args, None
