@@ -23,7 +23,7 @@ program that computed it) fail with that error (Note [Failure isolation]).
 
 A rule below says, from an op's arguments (shapes and dims only), which
 tensors to check, with which predicate and bounds; it runs once per call
-signature (Note [Plans] in dispatch), so the per-call cost is the check
+signature (Note [Plans] in record), so the per-call cost is the check
 nodes.
 """
 
