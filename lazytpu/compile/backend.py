@@ -25,7 +25,8 @@ from torch._decomp import core_aten_decompositions, decomposition_table
 from torch._functorch.aot_autograd import aot_module_simplified
 
 from lazytpu import _caches, _config
-from lazytpu.compile.fx_lowering import GraphProgram, lowerable, missing_ops
+from lazytpu.compile.fx_lowering import GraphProgram
+from lazytpu.compile.graph_rules import lowerable, missing_ops
 from lazytpu.frontend.dispatch import run_foreach
 
 __all__ = ["backend", "decompositions"]

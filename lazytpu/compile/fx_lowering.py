@@ -18,16 +18,8 @@ as it runs every op. Per call, the node's structure comes from a plan made
 once per signature (``_CallPlan``): steady state records one node and
 allocates the output tensors, nothing else.
 
-Note [FX node resolution]: a ``call_function`` node resolves, in order, to
-
-1. a graph rule (``_GRAPH_RULES``): structure an FX graph carries that eager
-   never records (``getitem``, aliases, size queries, Python arithmetic on
-   sizes, the functional ``copy``);
-2. the op's lowering rule, applied with ``apply_op``: the rules, result
-   casting and PRNG-key threading of eager, unchanged;
-3. for a view op (functional in an AOTAutograd graph): its ``*_copy`` rule.
-
-Any other node is reported by ``missing_ops`` before anything is compiled.
+Note [FX node resolution] (how each FX node finds its lowering) is in
+graph_rules.
 
 Note [Graph signatures]: a program is compiled per (graph code, input
 signature). An input tensor's signature is its storage's aval, plus its
@@ -41,7 +33,6 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 
 import jax.numpy as jnp
 import torch
@@ -49,8 +40,10 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_
 from torch.autograd.graph import increment_version
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
-from lazytpu import _caches, _dtypes
+from lazytpu import _dtypes
 from lazytpu.compile.explain import observe_compile
+from lazytpu.compile.graph_rules import _ALIASES, _GRAPH_RULES, _is_view, lowerable
+from lazytpu.compile.host_nodes import _host_function, _host_nodes, _on_cpu
 from lazytpu.engine import RNG_AVAL, STEPS_DUE, context, run_due_steps
 from lazytpu.frontend import hostio
 from lazytpu.frontend.tensor import LazyTensor, describe
@@ -59,7 +52,6 @@ from lazytpu.ir import Aval, Node, Output, Scalar, Storage
 from lazytpu.ir.node import op_sig
 from lazytpu.ir.template import Slot, Template, fill, flatten
 from lazytpu.lowering import apply_op, get_rule, lowering
-from lazytpu.lowering.casts import convert
 from lazytpu.lowering.strided import VIEW_READ
 
 aten = torch.ops.aten
@@ -71,88 +63,6 @@ COMPILED_GRAPH_RANDOM = "lazytpu.compiled_graph_random"
 
 class GraphLoweringError(RuntimeError):
     """An FX node could not be lowered; names the op and the node."""
-
-
-# -- graph rules (Note [FX node resolution], step 1) ---------------------------
-
-_GRAPH_RULES: dict = {}
-
-
-def graph_rule(*targets):
-    """Register ``fn`` for FX call targets that are structure, not math."""
-
-    def register(fn):
-        for target in targets:
-            if target in _GRAPH_RULES:
-                raise ValueError(f"duplicate graph rule for {target}")
-            _GRAPH_RULES[target] = fn
-        return fn
-
-    return register
-
-
-# Python arithmetic and comparisons on sizes (dynamic shapes), and getitem.
-_PYTHON_OPS = tuple(getattr(operator, name) for name in "getitem add sub mul floordiv truediv mod neg pow".split())
-_PYTHON_OPS += tuple(getattr(operator, name) for name in "eq ne lt le gt ge".split())
-_PYTHON_OPS += (torch.sym_max, torch.sym_min, torch.sym_not, math.ceil, math.floor)
-graph_rule(*_PYTHON_OPS)(lambda fn, *args: fn(*args))
-
-
-_ALIASES = (aten.alias.default, aten.detach.default, aten.lift_fresh.default)
-
-
-@graph_rule(*_ALIASES)
-def _identity(fn, x):
-    return x
-
-
-@graph_rule(aten.sym_size.int)
-def _sym_size(fn, x, dim):
-    return x.shape[dim]
-
-
-@graph_rule(aten.sym_numel.default)
-def _sym_numel(fn, x):
-    return math.prod(x.shape)
-
-
-@graph_rule(aten.copy.default, aten.copy_.default)  # copy_: an input mutation (Note [Input mutations])
-def _copy(fn, x, src, non_blocking=False):
-    return convert(jnp.broadcast_to(src, x.shape), x.dtype)
-
-
-def _is_view(op) -> bool:
-    returns, args = op._schema.returns, op._schema.arguments
-    return bool(returns and args) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
-
-
-_LOWERABLE: dict = {}
-_caches.register("compile_lowerable", _LOWERABLE.clear)
-
-
-def lowerable(op):
-    """The op whose lowering rule computes ``op`` (itself or its ``*_copy``
-    form), or None."""
-    if op not in _LOWERABLE:
-        found = op if get_rule(op) is not None else None
-        if found is None and isinstance(op, torch._ops.OpOverload) and _is_view(op):
-            packet = getattr(aten, op._schema.name.split("::")[-1] + "_copy", None)
-            overload = getattr(packet, op._overloadname, None) if packet is not None else None
-            found = overload if overload is not None and get_rule(overload) is not None else None
-        _LOWERABLE[op] = found
-    return _LOWERABLE[op]
-
-
-def missing_ops(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:
-    """(op, FX node name) of every node with no way to lower it."""
-    out = []
-    for node in gm.graph.nodes:
-        if node.op == "call_function":
-            if node.target not in _GRAPH_RULES and lowerable(node.target) is None:
-                out.append((str(node.target), node.name))
-        elif node.op not in ("placeholder", "get_attr", "output"):
-            out.append((f"{node.op} {node.target}", node.name))
-    return out
 
 
 # -- shapes -------------------------------------------------------------------
@@ -238,58 +148,6 @@ def _view_chain(node) -> tuple:
     return node, chain[::-1]
 
 
-# Host ops a run of which runs as one ``_foreach`` call (Note [Host nodes]): an
-# optimizer's step counters are a run of ``add`` and one of ``copy_``, as eager's
-# single ``_foreach_add_`` call.
-# op -> (its ``_foreach`` form, how many leading arguments are per element, how many arguments it takes).
-_HOST_FOREACH = {
-    aten.add.Scalar: (aten._foreach_add.Scalar, 1, 2),  # add(x, scalar): the scalar is shared
-    aten.copy_.default: (aten._foreach_copy_.default, 2, 2),  # copy_(dst, src)
-}
-
-
-def _host_runs(host_nodes: list) -> list[list]:
-    """``host_nodes`` in runs: consecutive nodes of one ``_HOST_FOREACH`` op,
-    independent of each other, with equal shared arguments."""
-    runs: list[list] = []
-    for node in host_nodes:
-        run = runs[-1] if runs else None
-        form = _HOST_FOREACH.get(node.target)
-        if (
-            run is not None
-            and form is not None
-            and node.target is run[0].target
-            and not node.kwargs
-            and len(node.args) == len(run[0].args) == form[2]
-            and node.args[form[1] :] == run[0].args[form[1] :]
-            and not any(a in run for a in node.all_input_nodes)
-        ):
-            run.append(node)
-        else:
-            runs.append([node])
-    return runs
-
-
-def _host_function(graph_inputs: list, host_nodes: list):
-    """The host nodes as one generated Python function (Note [Host nodes]):
-    graph inputs in, the host nodes' results out, in order; a run of equal
-    element ops as one ``_foreach`` call."""
-    graph = torch.fx.Graph()
-    env = {node: graph.placeholder(node.name) for node in graph_inputs}
-    for run in _host_runs(host_nodes):
-        if len(run) == 1:
-            env[run[0]] = graph.node_copy(run[0], env.__getitem__)
-            continue
-        op, per_element, _ = _HOST_FOREACH[run[0].target]
-        lists = tuple([env[n.args[i]] for n in run] for i in range(per_element))
-        shared = torch.fx.node.map_arg(run[0].args[per_element:], env.__getitem__)
-        out = graph.call_function(op, (*lists, *shared))
-        for i, n in enumerate(run):  # an in-place op returns its first argument
-            env[n] = env[n.args[0]] if op._schema.is_mutable else graph.call_function(operator.getitem, (out, i))
-    graph.output(tuple(env[node] for node in host_nodes))
-    return torch.fx.GraphModule(torch.nn.Module(), graph).forward
-
-
 def _get_attr(gm, target: str):
     return functools.reduce(getattr, target.split("."), gm)
 
@@ -303,42 +161,6 @@ class _Step:
     def __init__(self, node, kind, fn, template, slots, metas=(), layout=None, random=False):
         self.node, self.kind, self.fn, self.template, self.slots = node, kind, fn, template, slots
         self.metas, self.layout, self.random = metas, layout, random
-
-
-def _on_cpu(meta) -> bool:
-    """Whether ``meta`` is CPU tensors (and no other tensor)."""
-    if isinstance(meta, torch.Tensor):
-        return meta.device.type == "cpu"
-    if isinstance(meta, (tuple, list)):
-        tensors = [m for m in meta if isinstance(m, torch.Tensor)]
-        return bool(tensors) and all(m.device.type == "cpu" for m in tensors)
-    return False
-
-
-def _host_nodes(nodes: list, host_inputs: set) -> set:
-    """The graph inputs on the host, and the nodes that run on the host
-    (Note [Host nodes])."""
-    able = set(host_inputs)  # CPU results of CPU inputs only
-    for node in nodes:
-        if node.op == "call_function" and _on_cpu(node.meta.get("val")):
-            if all(a in able for a in node.all_input_nodes):
-                able.add(node)
-    needed = set()
-    stack = []
-    for node in nodes:
-        if node not in able or node.op != "call_function":
-            continue
-        op = lowerable(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
-        if op is None or get_rule(op).random or node.target._schema.is_mutable:
-            stack.append(node)  # no device rule, draws from torch's CPU generator, or writes a host tensor
-    outputs = next(n for n in reversed(nodes) if n.op == "output")
-    stack += [a for a in outputs.all_input_nodes if a in able]  # returned on the host
-    while stack:
-        node = stack.pop()
-        if node not in needed:
-            needed.add(node)
-            stack += [a for a in node.all_input_nodes if a in able]
-    return host_inputs | {n for n in needed if n.op == "call_function"}
 
 
 class GraphProgram:

@@ -1,4 +1,5 @@
-"""Matrix products (mm, bmm, mv, dot and their ``add*`` forms) and triangles.
+"""Matrix products (mm, bmm, mv, dot and their ``add*`` forms; cross and
+``_trilinear``), trace and triangles.
 
 ``matmul`` and ``linear`` are CompositeImplicit in torch: they arrive here
 already decomposed into these ops plus views.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import torch
+from jax import lax
 
 from lazytpu.lowering.registry import lowering
 
@@ -100,3 +102,54 @@ def tril(x, diagonal=0):
 @lowering(aten.triu)
 def triu(x, diagonal=0):
     return jnp.triu(x, diagonal)
+
+
+# -- cross, trace, _trilinear ---------------------------------------------------
+
+
+@lowering(aten.linalg_cross.default)
+def linalg_cross(x, y, *, dim=-1):
+    x, y = jnp.broadcast_arrays(x, y)
+    return jnp.cross(x, y, axis=dim)
+
+
+@lowering(aten.trace.default)
+def trace(x):
+    return jnp.trace(x)
+
+
+@lowering(aten._trilinear.default)
+def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """``(i1 * i2 * i3).sum(sumdim)`` after unsqueezing each at its ``expand`` dims."""
+    x = jnp.expand_dims(i1, tuple(expand1)) if expand1 else i1
+    y = jnp.expand_dims(i2, tuple(expand2)) if expand2 else i2
+    z = jnp.expand_dims(i3, tuple(expand3)) if expand3 else i3
+    if i1.dtype in (jnp.float16, jnp.bfloat16):
+        return _trilinear_half(x, y, z, set(expand3), set(sumdim), unroll_dim)
+    out = x * y * z
+    return jnp.sum(out, axis=tuple(sumdim)) if sumdim else out
+
+
+def _trilinear_half(x, y, z, expand3, sumdim, unroll_dim):
+    """torch's CPU ``_trilinear`` in a half dtype: two ``sumproduct_pair``
+    contractions (float32 accumulation, each result rounded), first over the
+    summed dims where ``i3`` is expanded, then the rest; a summed unroll dim
+    accumulates slice by slice in the half dtype."""
+    dtype = x.dtype
+    dims12 = tuple(i for i in sorted(sumdim) if i != unroll_dim and i in expand3)
+    dims23 = tuple(i for i in sorted(sumdim) if i != unroll_dim and i not in expand3)
+    f32 = jnp.float32
+    buf = jnp.sum(x.astype(f32) * y.astype(f32), axis=dims12, keepdims=True).astype(dtype)
+    buf = lax.optimization_barrier(buf)
+    buf = jnp.sum(buf.astype(f32) * z.astype(f32), axis=dims23, keepdims=True).astype(dtype)
+    buf = lax.optimization_barrier(buf)
+    if unroll_dim in sumdim:
+        slices = jnp.moveaxis(buf, unroll_dim, 0)
+
+        def add(acc, piece):
+            acc = lax.optimization_barrier((acc.astype(f32) + piece.astype(f32)).astype(dtype))
+            return acc, None
+
+        acc, _ = lax.scan(add, jnp.zeros(slices.shape[1:], dtype), slices)
+        buf = jnp.expand_dims(acc, unroll_dim)
+    return jnp.squeeze(buf, axis=tuple(sumdim)) if sumdim else buf

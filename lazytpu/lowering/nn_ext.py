@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from lazytpu.lowering.linalg_ext import p_norm
+from lazytpu.lowering.norms import p_norm
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten

@@ -1,10 +1,12 @@
-"""Linear algebra beyond products: norms, factorizations, solves, inverses.
+"""Linear algebra by triangular factorization: LU, Cholesky and LDL^T, and
+the solves, inverses and determinants computed from them.
 
 torch's ``linalg.*`` functions are mostly CompositeImplicit: ``linalg.inv``
 arrives as ``linalg_inv_ex``, ``linalg.solve`` as ``_linalg_solve_ex``,
-``linalg.svd``/``svdvals`` as ``_linalg_svd``, ``linalg.det`` as
-``_linalg_det``. Their backward formulas call these ops again (and
-``linalg_lu_solve``, ``triangular_solve``), so forward and backward share rules.
+``linalg.svd``/``svdvals`` as ``_linalg_svd`` (in linalg_spectral),
+``linalg.det`` as ``_linalg_det``. Their backward formulas call these ops
+again (and ``linalg_lu_solve``, ``triangular_solve``), so forward and
+backward share rules.
 
 Note [LAPACK info]: torch's ``*_ex`` ops return LAPACK's ``info`` (0 on
 success, ``k`` when the ``k``-th pivot or leading minor fails) next to the
@@ -29,9 +31,7 @@ import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
-from jax._src.lax.linalg import geqrf as _geqrf  # not exported by jax.lax.linalg
 
-from lazytpu import _dtypes
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
@@ -278,239 +278,6 @@ def linalg_solve_triangular(a, b, *, upper, left=True, unitriangular=False):
 @lowering(aten.triangular_solve.default)
 def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
     return _triangular(a, b, upper=upper, left=True, unit=unitriangular, transpose=transpose), a
-
-
-# -- QR, SVD, eigendecompositions ----------------------------------------------
-
-
-@lowering(aten.linalg_qr.default)
-def linalg_qr(a, mode="reduced"):
-    q, r = lax.linalg.qr(a, full_matrices=mode == "complete")
-    if mode == "r":
-        return jnp.zeros((0,), a.dtype), r
-    return q, r
-
-
-@lowering(aten.geqrf.default)
-def geqrf(a):
-    return _geqrf(a)
-
-
-@lowering(aten.linalg_householder_product.default)
-def householder_product(a, tau):
-    return lax.linalg.householder_product(a, tau)
-
-
-@lowering(aten.ormqr.default)
-def ormqr(a, tau, c, left=True, transpose=False):
-    return lax.linalg.ormqr(a, tau, c, left=left, transpose=transpose)
-
-
-@lowering(aten._linalg_svd.default)
-def linalg_svd(a, full_matrices=False, compute_uv=True, *, driver=None):
-    if not compute_uv:
-        s = lax.linalg.svd(a, full_matrices=False, compute_uv=False)
-        return jnp.zeros((0,), a.dtype), s, jnp.zeros((0,), a.dtype)
-    u, s, vh = lax.linalg.svd(a, full_matrices=full_matrices, compute_uv=True)
-    return u, s, vh
-
-
-@lowering(aten._linalg_eigh.default)
-def linalg_eigh(a, UPLO="L", compute_v=True):  # noqa: N803 - torch's argument name
-    vectors, values = lax.linalg.eigh(a, lower=UPLO == "L", symmetrize_input=False)
-    if not compute_v:
-        return values, jnp.zeros((0,), a.dtype)
-    return values, vectors
-
-
-@lowering(aten.linalg_eig.default)
-def linalg_eig(a):
-    return jnp.linalg.eig(a)  # XLA:CPU only (LAPACK geev, as torch)
-
-
-@lowering(aten._linalg_eigvals.default, aten.linalg_eigvals.default)
-def linalg_eigvals(a):
-    return jnp.linalg.eigvals(a)
-
-
-@lowering(aten.linalg_matrix_exp.default)
-def linalg_matrix_exp(a):
-    x = a.astype(jnp.float32) if a.dtype in (jnp.float16, jnp.bfloat16) else a  # as torch's CPU kernel
-    flat = x.reshape((-1,) + x.shape[-2:])
-    return jax.vmap(lambda m: jax.scipy.linalg.expm(m, max_squarings=64))(flat).reshape(x.shape)
-
-
-@lowering(aten.linalg_pinv.atol_rtol_tensor)
-def linalg_pinv(a, *, atol=None, rtol=None, hermitian=False):
-    m, n = a.shape[-2:]
-    if hermitian:  # A = V diag(w) V^H: invert the eigenvalues
-        w, v = lax.linalg.eigh(a, symmetrize_input=False)[::-1]
-        s, left, right = jnp.abs(w), v, _mH(v)
-    else:
-        left, s, right = lax.linalg.svd(a, full_matrices=False)
-        w = s
-    smax = jnp.max(s, axis=-1, keepdims=True, initial=0)
-    zero = jnp.zeros((), s.dtype)
-    atol_ = zero if atol is None else jnp.asarray(atol, s.dtype)[..., None]
-    if rtol is None:
-        eps = jnp.asarray(jnp.finfo(s.dtype).eps * max(m, n), s.dtype)
-        rtol_ = eps if atol is None else jnp.where(atol_ > 0, zero, eps)
-    else:
-        rtol_ = jnp.asarray(rtol, s.dtype)[..., None]
-    keep = s > jnp.maximum(atol_, rtol_ * smax)
-    w_inv = jnp.where(keep, 1 / jnp.where(keep, w, 1), 0).astype(a.dtype)
-    return _mH(right) * w_inv[..., None, :] @ _mH(left)
-
-
-@lowering(aten.linalg_lstsq.default)
-def linalg_lstsq(a, b, rcond=None, *, driver=None):
-    """Least squares through the SVD, with rank truncation below ``rcond * s_max``.
-
-    Note [lstsq drivers]: LAPACK's drivers reach the same minimum-norm solution
-    (gels assumes full rank and solves by QR; gelsy by a rank-revealing QR
-    whose rank estimate matches the SVD's away from the threshold). Which
-    outputs are empty follows the driver (``metas._lstsq``): gelsy (CPU
-    default) reports the rank only, gels the residuals of tall systems,
-    gelsd/gelss also the singular values.
-    """
-    driver = driver or "gelsy"
-    m, n = a.shape[-2:]
-    vector = b.ndim == 1 or (a.ndim - 1 == b.ndim and b.shape == a.shape[:-1])
-    b2 = b[..., None] if vector else b
-    batch = jnp.broadcast_shapes(a.shape[:-2], b2.shape[:-2])
-    a = jnp.broadcast_to(a, batch + (m, n))
-    b2 = jnp.broadcast_to(b2, batch + b2.shape[-2:])
-    real = jnp.finfo(a.dtype).dtype
-    if rcond is None or rcond < 0:
-        rcond = jnp.finfo(real).eps * max(m, n) if rcond is None else jnp.finfo(real).eps
-    if m == 0 or n == 0:
-        s = jnp.zeros(batch + (0,), real)
-        x = jnp.zeros(batch + (n, b2.shape[-1]), a.dtype)
-        rank = jnp.zeros(batch, jnp.int64)
-    else:
-        u, s, vh = lax.linalg.svd(a, full_matrices=False)
-        keep = s > rcond * s[..., :1]
-        s_inv = jnp.where(keep, 1 / jnp.where(keep, s, 1), 0).astype(a.dtype)
-        x = _mH(vh) @ (s_inv[..., :, None] * (_mH(u) @ b2))
-        rank = jnp.sum(keep, axis=-1).astype(jnp.int64)
-    empty = jnp.zeros((0,), a.dtype)
-    if driver != "gelsy" and m > n:  # gelsd/gelss: emptied unless full rank (handlers.linalg_lstsq)
-        residuals = jnp.sum(jnp.abs(b2 - a @ x) ** 2, axis=-2).astype(a.dtype)
-    else:
-        residuals = empty
-    if driver == "gels":
-        rank = jnp.zeros((0,), jnp.int64)
-    sv = s if driver in ("gelsd", "gelss") else jnp.zeros((0,), real)
-    return (x[..., 0] if vector else x), residuals, rank, sv
-
-
-# -- products and norms ---------------------------------------------------------
-
-
-@lowering(aten.linalg_cross.default)
-def linalg_cross(x, y, *, dim=-1):
-    x, y = jnp.broadcast_arrays(x, y)
-    return jnp.cross(x, y, axis=dim)
-
-
-@lowering(aten.trace.default)
-def trace(x):
-    return jnp.trace(x)
-
-
-@lowering(aten._trilinear.default)
-def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
-    """``(i1 * i2 * i3).sum(sumdim)`` after unsqueezing each at its ``expand`` dims."""
-    x = jnp.expand_dims(i1, tuple(expand1)) if expand1 else i1
-    y = jnp.expand_dims(i2, tuple(expand2)) if expand2 else i2
-    z = jnp.expand_dims(i3, tuple(expand3)) if expand3 else i3
-    if i1.dtype in (jnp.float16, jnp.bfloat16):
-        return _trilinear_half(x, y, z, set(expand3), set(sumdim), unroll_dim)
-    out = x * y * z
-    return jnp.sum(out, axis=tuple(sumdim)) if sumdim else out
-
-
-def _trilinear_half(x, y, z, expand3, sumdim, unroll_dim):
-    """torch's CPU ``_trilinear`` in a half dtype: two ``sumproduct_pair``
-    contractions (float32 accumulation, each result rounded), first over the
-    summed dims where ``i3`` is expanded, then the rest; a summed unroll dim
-    accumulates slice by slice in the half dtype."""
-    dtype = x.dtype
-    dims12 = tuple(i for i in sorted(sumdim) if i != unroll_dim and i in expand3)
-    dims23 = tuple(i for i in sorted(sumdim) if i != unroll_dim and i not in expand3)
-    f32 = jnp.float32
-    buf = jnp.sum(x.astype(f32) * y.astype(f32), axis=dims12, keepdims=True).astype(dtype)
-    buf = lax.optimization_barrier(buf)
-    buf = jnp.sum(buf.astype(f32) * z.astype(f32), axis=dims23, keepdims=True).astype(dtype)
-    buf = lax.optimization_barrier(buf)
-    if unroll_dim in sumdim:
-        slices = jnp.moveaxis(buf, unroll_dim, 0)
-
-        def add(acc, piece):
-            acc = lax.optimization_barrier((acc.astype(f32) + piece.astype(f32)).astype(dtype))
-            return acc, None
-
-        acc, _ = lax.scan(add, jnp.zeros(slices.shape[1:], dtype), slices)
-        buf = jnp.expand_dims(acc, unroll_dim)
-    return jnp.squeeze(buf, axis=tuple(sumdim)) if sumdim else buf
-
-
-def p_norm(a, p, ax, keepdim: bool):
-    """The ``p``-norm of ``|x|`` values ``a`` over ``ax``, for a static or a
-    traced ``p`` (a traced one picks its formula with ``lax.switch``: only the
-    chosen branch runs)."""
-    branches = (
-        lambda a: jnp.max(a, axis=ax, keepdims=keepdim, initial=0),
-        lambda a: jnp.min(a, axis=ax, keepdims=keepdim, initial=jnp.inf),
-        lambda a: jnp.sum((a != 0).astype(a.dtype), axis=ax, keepdims=keepdim),
-        lambda a: jnp.sum(a, axis=ax, keepdims=keepdim),
-        lambda a: jnp.sqrt(jnp.sum(a * a, axis=ax, keepdims=keepdim)),
-        lambda a: jnp.sum(a ** jnp.asarray(p, a.dtype), axis=ax, keepdims=keepdim) ** (1 / jnp.asarray(p, a.dtype)),
-    )
-    if isinstance(p, (int, float)):
-        index = {float("inf"): 0, float("-inf"): 1, 0: 2, 1: 3, 2: 4}.get(p, 5)
-        return branches[index](a)
-    index = jnp.select([p == jnp.inf, p == -jnp.inf, p == 0, p == 1, p == 2], list(range(5)), 5)
-    return lax.switch(index, branches, a)
-
-
-def _norm_acc(x, dtype):
-    if dtype is not None:
-        x = x.astype(_dtypes.to_jax(dtype))
-    elif x.dtype in (jnp.float16, jnp.bfloat16):
-        x = x.astype(jnp.float32)
-    return jnp.abs(x)
-
-
-def _norm_axes(x, dim) -> tuple:
-    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
-        return tuple(range(x.ndim))
-    dims = (dim,) if isinstance(dim, int) else tuple(dim)
-    return tuple(sorted({d % max(x.ndim, 1) for d in dims})) if x.ndim else ()
-
-
-@lowering(aten.norm.Scalar, aten.norm.ScalarOpt_dtype)
-def norm(x, p=2, *, dtype=None):
-    return p_norm(_norm_acc(x, dtype), 2 if p is None else p, tuple(range(x.ndim)), False)
-
-
-@lowering(aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dim_dtype)
-def norm_dim(x, p, dim, keepdim=False, *, dtype=None):
-    return p_norm(_norm_acc(x, dtype), 2 if p is None else p, _norm_axes(x, dim), keepdim)
-
-
-@lowering(aten.dist.default)
-def dist(x, y, p=2):
-    return p_norm(_norm_acc(x - y, None), p, tuple(range(max(x.ndim, y.ndim))), False)
-
-
-@lowering(aten.renorm.default)
-def renorm(x, p, dim, maxnorm):
-    """Each slice along ``dim`` rescaled to norm at most ``maxnorm``."""
-    ax = tuple(d for d in range(x.ndim) if d != dim % x.ndim)
-    norms = p_norm(_norm_acc(x, None), p, ax, True)
-    factor = jnp.where(norms > maxnorm, maxnorm / (norms + 1e-7), 1.0)
-    return x * factor.astype(x.dtype)
 
 
 # -- LDL^T (Note [Bunch-Kaufman]) ---------------------------------------------------
