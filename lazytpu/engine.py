@@ -26,7 +26,7 @@ from lazytpu.ir import Aval, Data, Node, Output, PendingGraph
 from lazytpu.ir.graph import RandomCell
 from lazytpu.ir.source import source_text
 from lazytpu.lowering import lower_program
-from lazytpu.runtime.platform import _ForkState, check_not_forked
+from lazytpu.runtime.platform import ForkState, check_not_forked
 
 DEFAULT_SEED = 67280421310721  # torch's default CPU seed
 
@@ -527,7 +527,7 @@ _CONTEXTS_LOCK = threading.Lock()
 
 
 def context(index: int = 0) -> DeviceContext:
-    if _ForkState.bad_fork:
+    if ForkState.bad_fork:
         check_not_forked()
     ctx = _CONTEXTS.get(index)
     if ctx is None:

@@ -104,15 +104,31 @@ def test_no_import_cycle():
         assert cycle is None, " -> ".join(cycle)
 
 
-def test_no_private_name_is_imported_from_another_lazytpu_module():
-    """Shared names are public: a ``_name`` imported from another module is an
-    internal detail leaking (modules named with a leading underscore, such as
+def _private_uses(path: Path) -> list[str]:
+    """``from lazytpu.x import _name``, and ``module._name`` of a lazytpu module bound by an import."""
+    tree = ast.parse(path.read_text())
+    bound = {}  # local name -> lazytpu module
+    uses = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("lazytpu"):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if full in MODULES:
+                    bound[alias.asname or alias.name] = full
+                elif alias.name.startswith("_"):
+                    uses.append(f"{node.lineno}: {full}")
+        elif isinstance(node, ast.Import):
+            bound.update({a.asname: a.name for a in node.names if a.asname and a.name.startswith("lazytpu")})
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound:
+            if node.attr.startswith("_") and not node.attr.startswith("__"):
+                uses.append(f"{node.lineno}: {bound[node.value.id]}.{node.attr}")
+    return uses
+
+
+def test_no_private_name_is_used_across_lazytpu_modules():
+    """Shared names are public: a ``_name`` of another module is an internal
+    detail leaking (modules named with a leading underscore, such as
     ``_config``, are the package's own and may be imported)."""
-    leaks = []
-    for module, path in sorted(MODULES.items()):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("lazytpu"):
-                for alias in node.names:
-                    if alias.name.startswith("_") and f"{node.module}.{alias.name}" not in MODULES:
-                        leaks.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.module}.{alias.name}")
+    leaks = [f"{path.relative_to(ROOT)}:{use}" for _, path in sorted(MODULES.items()) for use in _private_uses(path)]
     assert not leaks, "\n".join(leaks)

@@ -42,8 +42,8 @@ from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from lazytpu import _dtypes
 from lazytpu.compile.explain import observe_compile
-from lazytpu.compile.graph_rules import _ALIASES, _GRAPH_RULES, _is_view, lowerable
-from lazytpu.compile.host_nodes import _host_function, _host_nodes, _on_cpu
+from lazytpu.compile.graph_rules import ALIASES, GRAPH_RULES, is_view_node, lowerable
+from lazytpu.compile.host_nodes import host_function, host_nodes, on_cpu
 from lazytpu.engine import RNG_AVAL, STEPS_DUE, context, run_due_steps
 from lazytpu.frontend import hostio
 from lazytpu.frontend.tensor import LazyTensor, describe
@@ -138,7 +138,7 @@ def _view_chain(node) -> tuple:
     while (
         node.op == "call_function"
         and isinstance(node.target, torch._ops.OpOverload)
-        and _is_view(node.target)
+        and is_view_node(node.target)
         and node.args
         and isinstance(node.args[0], torch.fx.Node)
         and not flatten(node.args[1:], node.kwargs, _pick_node)[1]
@@ -192,7 +192,7 @@ class GraphProgram:
         self.constants = [_get_attr(gm, n.target) for n in attrs]
         self.symbolic = any(_symbolic(m) for m in self.placeholder_metas)
         graph_inputs = self.graph_inputs = self.placeholders + attrs
-        host = _host_nodes(nodes, {n for n in graph_inputs if _on_cpu(n.meta.get("val"))})
+        host = host_nodes(nodes, {n for n in graph_inputs if on_cpu(n.meta.get("val"))})
         self.host_nodes: list[torch.fx.Node] = []
         self.steps: list[_Step] = []
         self.random = False
@@ -222,7 +222,7 @@ class GraphProgram:
         for node in mutations:
             self.program_outputs.append(node)
             self.output_strides.append(None)
-            on_host = _on_cpu(node.args[0].meta.get("val"))
+            on_host = on_cpu(node.args[0].meta.get("val"))
             self.mutated.append((placeholder_position[node.args[0]], len(self.program_outputs) - 1, on_host))
         self.made_outputs = len(self.program_outputs) - len(mutations)  # outputs that become new tensors
         used = {a for step in self.steps for a in step.slots} | set(self.program_outputs)
@@ -234,13 +234,13 @@ class GraphProgram:
         position = {n: i for i, n in enumerate(graph_inputs + self.host_nodes)}
         self.feed_sources = [position[n] for n in self.feeds]
         self.outputs = [("host", position[o[1]] - len(graph_inputs)) if o[0] == "host" else o for o in self.outputs]
-        self._host_fn = _host_function(graph_inputs, self.host_nodes) if self.host_nodes else None
+        self._host_fn = host_function(graph_inputs, self.host_nodes) if self.host_nodes else None
         self.plans: dict = {}  # call signature -> _CallPlan
         self._last: tuple | None = None  # (signature, plan) of the last call: steady state's lookup
 
     def _call_step(self, node) -> _Step:
         template, slots = flatten(node.args, node.kwargs, _pick_node)
-        rule = _GRAPH_RULES.get(node.target)
+        rule = GRAPH_RULES.get(node.target)
         if rule is not None:
             return _Step(node, "graph", rule, template, tuple(slots))
         op = lowerable(node.target)
@@ -278,7 +278,7 @@ class GraphProgram:
                 self.outputs.append(("host", out))
                 continue
             root = out
-            while root.target in _ALIASES:
+            while root.target in ALIASES:
                 root = root.args[0]
             meta = root.meta["val"]
             if root not in self.program_outputs:
@@ -288,8 +288,8 @@ class GraphProgram:
                     if is_non_overlapping_and_dense(meta):
                         stride = tuple(int(s) for s in meta.stride())
                 self.output_strides.append(stride)
-            on_cpu = meta.device.type == "cpu"  # e.g. ``.cpu()`` in the graph: returned on the host
-            self.outputs.append(("tensor", self.program_outputs.index(root), on_cpu))
+            to_host = meta.device.type == "cpu"  # e.g. ``.cpu()`` in the graph: returned on the host
+            self.outputs.append(("tensor", self.program_outputs.index(root), to_host))
 
     # -- tracing (once per signature) --------------------------------------
 

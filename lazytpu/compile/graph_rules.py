@@ -3,7 +3,7 @@ any FX node finds its lowering.
 
 Note [FX node resolution]: a ``call_function`` node resolves, in order, to
 
-1. a graph rule (``_GRAPH_RULES``): structure an FX graph carries that eager
+1. a graph rule (``GRAPH_RULES``): structure an FX graph carries that eager
    never records (``getitem``, aliases, size queries, Python arithmetic on
    sizes, the functional ``copy``);
 2. the op's lowering rule, applied with ``apply_op``: the rules, result
@@ -30,7 +30,7 @@ aten = torch.ops.aten
 
 # -- graph rules (Note [FX node resolution], step 1) ---------------------------
 
-_GRAPH_RULES: dict = {}
+GRAPH_RULES: dict = {}
 
 
 def graph_rule(*targets):
@@ -38,9 +38,9 @@ def graph_rule(*targets):
 
     def register(fn):
         for target in targets:
-            if target in _GRAPH_RULES:
+            if target in GRAPH_RULES:
                 raise ValueError(f"duplicate graph rule for {target}")
-            _GRAPH_RULES[target] = fn
+            GRAPH_RULES[target] = fn
         return fn
 
     return register
@@ -53,10 +53,10 @@ _PYTHON_OPS += (torch.sym_max, torch.sym_min, torch.sym_not, math.ceil, math.flo
 graph_rule(*_PYTHON_OPS)(lambda fn, *args: fn(*args))
 
 
-_ALIASES = (aten.alias.default, aten.detach.default, aten.lift_fresh.default)
+ALIASES = (aten.alias.default, aten.detach.default, aten.lift_fresh.default)
 
 
-@graph_rule(*_ALIASES)
+@graph_rule(*ALIASES)
 def _identity(fn, x):
     return x
 
@@ -76,7 +76,7 @@ def _copy(fn, x, src, non_blocking=False):
     return convert(jnp.broadcast_to(src, x.shape), x.dtype)
 
 
-def _is_view(op) -> bool:
+def is_view_node(op) -> bool:
     returns, args = op._schema.returns, op._schema.arguments
     return bool(returns and args) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
 
@@ -90,7 +90,7 @@ def lowerable(op):
     form), or None."""
     if op not in _LOWERABLE:
         found = op if get_rule(op) is not None else None
-        if found is None and isinstance(op, torch._ops.OpOverload) and _is_view(op):
+        if found is None and isinstance(op, torch._ops.OpOverload) and is_view_node(op):
             packet = getattr(aten, op._schema.name.split("::")[-1] + "_copy", None)
             overload = getattr(packet, op._overloadname, None) if packet is not None else None
             found = overload if overload is not None and get_rule(overload) is not None else None
@@ -103,7 +103,7 @@ def missing_ops(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:
     out = []
     for node in gm.graph.nodes:
         if node.op == "call_function":
-            if node.target not in _GRAPH_RULES and lowerable(node.target) is None:
+            if node.target not in GRAPH_RULES and lowerable(node.target) is None:
                 out.append((str(node.target), node.name))
         elif node.op not in ("placeholder", "get_attr", "output"):
             out.append((f"{node.op} {node.target}", node.name))

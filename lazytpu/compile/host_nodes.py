@@ -46,7 +46,7 @@ def _host_runs(host_nodes: list) -> list[list]:
     return runs
 
 
-def _host_function(graph_inputs: list, host_nodes: list):
+def host_function(graph_inputs: list, host_nodes: list):
     """The host nodes as one generated Python function (Note [Host nodes]):
     graph inputs in, the host nodes' results out, in order; a run of equal
     element ops as one ``_foreach`` call."""
@@ -66,7 +66,7 @@ def _host_function(graph_inputs: list, host_nodes: list):
     return torch.fx.GraphModule(torch.nn.Module(), graph).forward
 
 
-def _on_cpu(meta) -> bool:
+def on_cpu(meta) -> bool:
     """Whether ``meta`` is CPU tensors (and no other tensor)."""
     if isinstance(meta, torch.Tensor):
         return meta.device.type == "cpu"
@@ -76,12 +76,12 @@ def _on_cpu(meta) -> bool:
     return False
 
 
-def _host_nodes(nodes: list, host_inputs: set) -> set:
+def host_nodes(nodes: list, host_inputs: set) -> set:
     """The graph inputs on the host, and the nodes that run on the host
     (Note [Host nodes])."""
     able = set(host_inputs)  # CPU results of CPU inputs only
     for node in nodes:
-        if node.op == "call_function" and _on_cpu(node.meta.get("val")):
+        if node.op == "call_function" and on_cpu(node.meta.get("val")):
             if all(a in able for a in node.all_input_nodes):
                 able.add(node)
     needed = set()

@@ -23,16 +23,16 @@ from lazytpu.distributed.jax_runtime import AXIS
 
 REDUCE_OPS = ("sum", "avg", "max", "min", "product", "band", "bor", "bxor")
 
-_RULES: dict[str, Callable] = {}
+RULES: dict[str, Callable] = {}
 
 
 def rule(name: str):
     """Register a collective rule under ``name`` (a duplicate raises)."""
 
     def register(fn):
-        if name in _RULES:
+        if name in RULES:
             raise ValueError(f"duplicate collective rule {name!r}")
-        _RULES[name] = fn
+        RULES[name] = fn
         return fn
 
     return register
@@ -174,7 +174,7 @@ def permute(x, *, pairs: tuple[tuple[int, int], ...]):
 
 @functools.cache
 def _program(name: str, mesh, n_in: int, static: tuple):
-    body = functools.partial(_RULES[name], **dict(static))
+    body = functools.partial(RULES[name], **dict(static))
     spec = P(AXIS)
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec,) * n_in, out_specs=spec))
 

@@ -52,7 +52,7 @@ def _collective(x, *, name: str, shapes: tuple, flatten: bool = False, **static)
     ``x`` (at least 1-d, flattened when asked), results shaped ``shapes``."""
     if flatten or x.ndim == 0:
         x = x.reshape(-1)
-    out = collectives._RULES[name](x, **static)
+    out = collectives.RULES[name](x, **static)
     outs = out if isinstance(out, tuple) else (out,)
     return tuple(o.reshape(s) for o, s in zip(outs, shapes))
 

@@ -19,7 +19,7 @@ import torch
 
 from lazytpu.distributed import collectives
 from lazytpu.distributed.jax_runtime import AXIS
-from lazytpu.distributed.process_group import _bind, _device_arrays
+from lazytpu.distributed.process_group import bind_result, device_arrays
 from lazytpu.runtime import platform
 
 __all__ = ["LocalMesh"]
@@ -69,9 +69,9 @@ class LocalMesh:
             raise ValueError(f"LocalMesh.{what}: the tensors must all have one shape and dtype")
 
     def _run(self, name: str, tensors, **static) -> list:
-        results = collectives.run_local(name, self._mesh, _device_arrays(tensors), **static)
+        results = collectives.run_local(name, self._mesh, device_arrays(tensors), **static)
         for t, result in zip(tensors, results):
-            _bind(t, result)
+            bind_result(t, result)
         return list(tensors)
 
     def all_reduce_(self, tensors, op: str = "sum") -> list:

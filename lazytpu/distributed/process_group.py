@@ -53,7 +53,7 @@ def _op_name(reduce_op) -> str:
 # -- tensors <-> device arrays --------------------------------------------------------
 
 
-def _device_arrays(tensors) -> list[jax.Array]:
+def device_arrays(tensors) -> list[jax.Array]:
     """The current values of tpu ``tensors`` as device arrays of their shapes
     (flushing their devices' pending programs when needed)."""
     with torch.no_grad():
@@ -71,7 +71,7 @@ def _device_arrays(tensors) -> list[jax.Array]:
     return arrays
 
 
-def _bind(t: LazyTensor, array: jax.Array) -> None:
+def bind_result(t: LazyTensor, array: jax.Array) -> None:
     """Make ``t`` hold ``array`` (an in-place write, seen by its views)."""
     if array.shape != tuple(t.shape):
         array = array.reshape(t.shape)
@@ -81,7 +81,7 @@ def _bind(t: LazyTensor, array: jax.Array) -> None:
         # Note [view_as_real]: torch.distributed hands complex tensors to the
         # group as ``view_as_real`` views, and a tpu ``view_as_real`` does not
         # share its base's storage: the result is written to the base too.
-        _bind(base, jax.lax.complex(array[..., 0], array[..., 1]))
+        bind_result(base, jax.lax.complex(array[..., 0], array[..., 1]))
 
 
 def _done(result) -> dist.Work:
@@ -154,7 +154,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
     # -- helpers ------------------------------------------------------------
     def _run(self, name: str, inputs, **static) -> list[jax.Array]:
         index = _device_index(inputs)
-        return collectives.run(name, jax_runtime.mesh(self._ranks, index), _device_arrays(inputs), **static)
+        return collectives.run(name, jax_runtime.mesh(self._ranks, index), device_arrays(inputs), **static)
 
     def _whole_world(self) -> bool:
         if self._world is None:
@@ -170,12 +170,12 @@ class ProcessGroupTPU(dist.ProcessGroup):
             ingraph.record(name, jax_runtime.mesh(self._ranks, index), source, list(outputs), **static)
             return
         flatten = static.pop("flatten", False)
-        (array,) = _device_arrays([source])
+        (array,) = device_arrays([source])
         if flatten or array.ndim == 0:
             array = array.reshape(-1)
         results = collectives.run(name, jax_runtime.mesh(self._ranks, index), [array], **static)
         for out, result in zip(outputs, results):
-            _bind(out, result)
+            bind_result(out, result)
 
     # -- all-reduce -------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -201,7 +201,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         for t in tensors:
             (out,) = self._run("all_reduce", [t], op=op, size=self._size)
             if self._rank == opts.rootRank:
-                _bind(t, out)
+                bind_result(t, out)
         return _done(list(tensors))
 
     # -- broadcast / scatter ------------------------------------------------------
@@ -224,7 +224,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         else:
             stacked = out.new_zeros((self._size, *out.shape))
         (result,) = self._run("scatter", [stacked], root=opts.rootRank)
-        _bind(out, result)
+        bind_result(out, result)
         return _done(list(output_tensors))
 
     # -- gathers ----------------------------------------------------------------
@@ -272,7 +272,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         if self._rank == opts.rootRank:
             _check_list(output_tensors[0], self._size, "gather")
             for out, result in zip(output_tensors[0], results):
-                _bind(out, result)
+                bind_result(out, result)
         return _done(output_tensors)
 
     # -- reduce-scatter -----------------------------------------------------------
@@ -364,7 +364,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         (t,) = tensors
         if _on_cpu(tensors):
             return self._gloo.recv(tensors, src, tag)
-        _bind(t, self._permute(t, src, self._rank))
+        bind_result(t, self._permute(t, src, self._rank))
         return _done(list(tensors))
 
     def _permute(self, t, src: int, dst: int) -> jax.Array:
@@ -373,7 +373,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         if src == dst:
             raise ValueError(f"lazytpu tpu_dist: send/recv of rank {src} to itself")
         mesh = jax_runtime.mesh((self._ranks[src], self._ranks[dst]), _device_index([t]))
-        (out,) = collectives.run("permute", mesh, _device_arrays([t]), pairs=((0, 1),))
+        (out,) = collectives.run("permute", mesh, device_arrays([t]), pairs=((0, 1),))
         return out
 
     # -- barrier ----------------------------------------------------------------------

@@ -107,7 +107,7 @@ def div(x, y):
 # a divisor hidden behind an optimization barrier, which XLA cannot rewrite.
 
 
-def _divide_exactly(x, y):
+def divide_exactly(x, y):
     shape = jnp.broadcast_shapes(x.shape, y.shape)
     return x / lax.optimization_barrier(jnp.broadcast_to(y, shape))
 
@@ -117,11 +117,11 @@ def _floor_divide(x, y):
         return jnp.floor_divide(x, y)
     # torch's div_floor_floating (c10/util/generic_math.h)
     mod = jnp.fmod(x, y)
-    quot = _divide_exactly(x - mod, y)
+    quot = divide_exactly(x - mod, y)
     quot = jnp.where((mod != 0) & ((y < 0) != (mod < 0)), quot - 1, quot)
     floor = jnp.floor(quot)
     floor = jnp.where(quot - floor > 0.5, floor + 1, floor)
-    true_quot = _divide_exactly(x, y)
+    true_quot = divide_exactly(x, y)
     floor = jnp.where(quot == 0, jnp.copysign(jnp.zeros_like(quot), true_quot), floor)
     return jnp.where(y == 0, true_quot, floor)
 
@@ -129,7 +129,7 @@ def _floor_divide(x, y):
 def _trunc_divide(x, y):
     if _is_int(x):
         return lax.div(*jnp.broadcast_arrays(x, y))
-    return jnp.trunc(_divide_exactly(x, y))
+    return jnp.trunc(divide_exactly(x, y))
 
 
 @lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)

@@ -26,7 +26,7 @@ from lazytpu.lowering.registry import lowering
 aten = torch.ops.aten
 
 
-def _jdtype(dtype):
+def jax_dtype(dtype):
     return _dtypes.to_jax(dtype if dtype is not None else torch.get_default_dtype())
 
 
@@ -40,14 +40,14 @@ def _value_dtype(value, dtype):
         return jnp.int64
     if isinstance(value, complex):
         return _dtypes.to_jax(torch.complex128 if torch.get_default_dtype() == torch.float64 else torch.complex64)
-    return _jdtype(None)
+    return jax_dtype(None)
 
 
 def _like_dtype(x, dtype):
     return x.dtype if dtype is None else _dtypes.to_jax(dtype)
 
 
-def _is_integral(jdtype) -> bool:
+def is_integral(jdtype) -> bool:
     return jnp.issubdtype(jdtype, jnp.integer) or jnp.dtype(jdtype) == jnp.bool_
 
 
@@ -57,24 +57,24 @@ def _is_integral(jdtype) -> bool:
 @lowering(aten.empty.memory_format)
 def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     # Uninitialized memory in torch; zeros here (deterministic, and usually dead).
-    return jnp.zeros(tuple(size), _jdtype(dtype))
+    return jnp.zeros(tuple(size), jax_dtype(dtype))
 
 
 @lowering(aten.empty_strided)
 def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return jnp.zeros(tuple(size), _jdtype(dtype))
+    return jnp.zeros(tuple(size), jax_dtype(dtype))
 
 
 @lowering(aten.zeros.default, aten._efficientzerotensor.default)
 def zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None):
     # _efficientzerotensor (autograd's "no gradient here", e.g. sgn of a real
     # input) is an ordinary zero tensor on tpu: XLA folds the zeros anyway.
-    return jnp.zeros(tuple(size), _jdtype(dtype))
+    return jnp.zeros(tuple(size), jax_dtype(dtype))
 
 
 @lowering(aten.ones.default)
 def ones(size, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return jnp.ones(tuple(size), _jdtype(dtype))
+    return jnp.ones(tuple(size), jax_dtype(dtype))
 
 
 @lowering(aten.full.default)
@@ -135,12 +135,12 @@ def zero(x):
 
 @lowering(aten.scalar_tensor)
 def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return _dtypes.number(s, _jdtype(dtype))
+    return _dtypes.number(s, jax_dtype(dtype))
 
 
 @lowering(aten.eye)
 def eye(n, m=None, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return jnp.eye(n, m, dtype=_jdtype(dtype))
+    return jnp.eye(n, m, dtype=jax_dtype(dtype))
 
 
 # -- ranges (Note [Factory arithmetic]) -----------------------------------------
@@ -150,8 +150,8 @@ def eye(n, m=None, *, dtype=None, layout=None, device=None, pin_memory=None):
 def arange(*bounds, dtype=None, layout=None, device=None, pin_memory=None):
     start, end, step = (0, *bounds, 1) if len(bounds) == 1 else (*bounds, 1)[:3]
     python_ints = all(isinstance(b, int) for b in (start, end, step))
-    target = _dtypes.to_jax(dtype) if dtype is not None else (jnp.int64 if python_ints else _jdtype(None))
-    if _is_integral(target):
+    target = _dtypes.to_jax(dtype) if dtype is not None else (jnp.int64 if python_ints else jax_dtype(None))
+    if is_integral(target):
         # torch sizes an int64 range in integers (bounds truncated), others in double
         if jnp.dtype(target) == jnp.int64:
             istart, iend, istep = int(start), int(end), int(step)
@@ -165,7 +165,7 @@ def arange(*bounds, dtype=None, layout=None, device=None, pin_memory=None):
     return start + step * jnp.arange(n, dtype=jnp.float64)
 
 
-def _two_sided(lo, hi, steps: int, work):
+def two_sided(lo, hi, steps: int, work):
     """torch's ``linspace`` steps: from ``lo`` in the first half, back from ``hi``
     in the second, so both ends are exact."""
     if steps <= 1:
@@ -185,16 +185,16 @@ def _bounds(start, end, target, work):
 
 @lowering(aten.linspace.default)
 def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
-    target = _jdtype(dtype)
-    work = jnp.float64 if _is_integral(target) else target  # torch steps in double for integers
-    return _two_sided(*_bounds(start, end, target, work), steps, work)
+    target = jax_dtype(dtype)
+    work = jnp.float64 if is_integral(target) else target  # torch steps in double for integers
+    return two_sided(*_bounds(start, end, target, work), steps, work)
 
 
 @lowering(aten.logspace.default)
 def logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None, pin_memory=None):
     if steps == 1:  # torch fills with base ** start, start unconverted
         return jnp.power(jnp.float64(base), jnp.asarray(start).astype(jnp.float64)).reshape(1)
-    exponents = _two_sided(*_bounds(start, end, _jdtype(dtype), jnp.float64), steps, jnp.float64)
+    exponents = two_sided(*_bounds(start, end, jax_dtype(dtype), jnp.float64), steps, jnp.float64)
     return jnp.power(jnp.float64(base), exponents)
 
 

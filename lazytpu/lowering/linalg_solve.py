@@ -41,7 +41,7 @@ def _mT(x):
     return jnp.swapaxes(x, -1, -2)
 
 
-def _mH(x):
+def conj_transpose(x):
     return jnp.conj(_mT(x)) if jnp.iscomplexobj(x) else _mT(x)
 
 
@@ -146,7 +146,7 @@ def linalg_lu_solve(lu, pivots, b, *, left=True, adjoint=False):
     if left:
         return _lu_solve(lu, perm, b, adjoint=adjoint)
     # X A = B  <=>  A^H X^H = B^H  (and X A^H = B  <=>  A X^H = B^H)
-    return _mH(_lu_solve(lu, perm, _mH(b), adjoint=not adjoint))
+    return conj_transpose(_lu_solve(lu, perm, conj_transpose(b), adjoint=not adjoint))
 
 
 @lowering(aten._linalg_solve_ex.default)
@@ -158,7 +158,7 @@ def linalg_solve_ex(a, b, *, left=True, check_errors=False):
     if left:
         x = _lu_solve(lu, perm, rhs, adjoint=adjoint)
     else:  # X A = B  <=>  A^H X^H = B^H
-        x = _mH(_lu_solve(lu, perm, _mH(rhs), adjoint=not adjoint))
+        x = conj_transpose(_lu_solve(lu, perm, conj_transpose(rhs), adjoint=not adjoint))
     return (x[..., 0] if vector else x), lu, pivots, _lu_info(lu)
 
 
@@ -201,7 +201,7 @@ def linalg_slogdet(a):
 
 def _cholesky(a, upper: bool):
     lower = lax.linalg.cholesky(a, symmetrize_input=False)
-    return _mH(lower) if upper else lower
+    return conj_transpose(lower) if upper else lower
 
 
 def _first_bad_minor(a):
@@ -235,7 +235,7 @@ def _cholesky_info(a, factor):
 @lowering(aten.linalg_cholesky_ex.default)
 def linalg_cholesky_ex(a, *, upper=False, check_errors=False):
     factor = _cholesky(a, upper)
-    return factor, _cholesky_info(_mH(a) if upper else a, factor)
+    return factor, _cholesky_info(conj_transpose(a) if upper else a, factor)
 
 
 @lowering(aten.cholesky.default)

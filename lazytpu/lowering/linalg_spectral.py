@@ -9,7 +9,7 @@ import torch
 from jax import lax
 from jax._src.lax.linalg import geqrf as _geqrf  # not exported by jax.lax.linalg
 
-from lazytpu.lowering.linalg_solve import _mH
+from lazytpu.lowering.linalg_solve import conj_transpose
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
@@ -77,7 +77,7 @@ def linalg_pinv(a, *, atol=None, rtol=None, hermitian=False):
     m, n = a.shape[-2:]
     if hermitian:  # A = V diag(w) V^H: invert the eigenvalues
         w, v = lax.linalg.eigh(a, symmetrize_input=False)[::-1]
-        s, left, right = jnp.abs(w), v, _mH(v)
+        s, left, right = jnp.abs(w), v, conj_transpose(v)
     else:
         left, s, right = lax.linalg.svd(a, full_matrices=False)
         w = s
@@ -91,7 +91,7 @@ def linalg_pinv(a, *, atol=None, rtol=None, hermitian=False):
         rtol_ = jnp.asarray(rtol, s.dtype)[..., None]
     keep = s > jnp.maximum(atol_, rtol_ * smax)
     w_inv = jnp.where(keep, 1 / jnp.where(keep, w, 1), 0).astype(a.dtype)
-    return _mH(right) * w_inv[..., None, :] @ _mH(left)
+    return conj_transpose(right) * w_inv[..., None, :] @ conj_transpose(left)
 
 
 @lowering(aten.linalg_lstsq.default)
@@ -123,7 +123,7 @@ def linalg_lstsq(a, b, rcond=None, *, driver=None):
         u, s, vh = lax.linalg.svd(a, full_matrices=False)
         keep = s > rcond * s[..., :1]
         s_inv = jnp.where(keep, 1 / jnp.where(keep, s, 1), 0).astype(a.dtype)
-        x = _mH(vh) @ (s_inv[..., :, None] * (_mH(u) @ b2))
+        x = conj_transpose(vh) @ (s_inv[..., :, None] * (conj_transpose(u) @ b2))
         rank = jnp.sum(keep, axis=-1).astype(jnp.int64)
     empty = jnp.zeros((0,), a.dtype)
     if driver != "gelsy" and m > n:  # gelsd/gelss: emptied unless full rank (handlers.linalg_lstsq)

@@ -16,7 +16,7 @@ import torch
 
 from lazytpu.lowering.indexing import scatter_reduce
 from lazytpu.lowering.registry import lowering
-from lazytpu.lowering.shape import _along, _dim
+from lazytpu.lowering.shape import along_axis, wrap_dim
 from lazytpu.lowering.strided import write_window
 
 aten = torch.ops.aten
@@ -27,13 +27,13 @@ aten = torch.ops.aten
 
 @lowering(aten.select_scatter)
 def select_scatter(x, src, dim, index):
-    dim = _dim(dim, x.ndim)
-    return x.at[_along(dim, index % x.shape[dim])].set(src.astype(x.dtype))
+    dim = wrap_dim(dim, x.ndim)
+    return x.at[along_axis(dim, index % x.shape[dim])].set(src.astype(x.dtype))
 
 
 def set_diagonal(base, src, offset: int, dim1: int, dim2: int):
     """``base`` with its ``(offset, dim1, dim2)`` diagonal (``src``'s last dim) set to ``src``."""
-    dim1, dim2 = _dim(dim1, base.ndim), _dim(dim2, base.ndim)
+    dim1, dim2 = wrap_dim(dim1, base.ndim), wrap_dim(dim2, base.ndim)
     moved = jnp.moveaxis(base, (dim1, dim2), (-2, -1))
     n = src.shape[-1]
     rows = jnp.arange(n) + max(-offset, 0)
@@ -58,7 +58,7 @@ def as_strided_scatter(x, src, size, stride, storage_offset=None):
 @lowering(aten.diag_embed)
 def diag_embed(x, offset=0, dim1=-2, dim2=-1):
     ndim = x.ndim + 1
-    dim1, dim2 = _dim(dim1, ndim), _dim(dim2, ndim)
+    dim1, dim2 = wrap_dim(dim1, ndim), wrap_dim(dim2, ndim)
     n = x.shape[-1] + abs(offset)
     batch = list(x.shape[:-1])
     for d in sorted((dim1, dim2)):
@@ -80,13 +80,13 @@ def block_diag(tensors):
 
 @lowering(aten.rot90)
 def rot90(x, k=1, dims=(0, 1)):
-    return jnp.rot90(x, k, axes=tuple(_dim(d, x.ndim) for d in dims))
+    return jnp.rot90(x, k, axes=tuple(wrap_dim(d, x.ndim) for d in dims))
 
 
 def _unfold(x, dimension: int, size: int, step: int):
     if x.ndim == 0:
         return x.reshape((1,))
-    dim = _dim(dimension, x.ndim)
+    dim = wrap_dim(dimension, x.ndim)
     count = (x.shape[dim] - size) // step + 1
     idx = np.arange(count)[:, None] * step + np.arange(size)[None, :]
     out = jnp.moveaxis(x, dim, -1)[..., idx]  # (..., count, size)
@@ -140,7 +140,7 @@ def masked_scatter_backward(grad, mask, sizes):
 def index_reduce(x, dim, index, source, reduce, *, include_self=True):
     if x.ndim == 0:
         return index_reduce(x.reshape(1), 0, index, source.reshape(-1), reduce, include_self=include_self).reshape(())
-    dim = _dim(dim, x.ndim)
+    dim = wrap_dim(dim, x.ndim)
     source = source.reshape(source.shape if source.ndim else (1,))
     shape = [1] * source.ndim
     shape[dim] = -1
@@ -157,7 +157,7 @@ def _running(x, dim: int, later_wins):
     always does, nothing replaces a NaN, ties go to the later index)."""
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
-    axis = _dim(dim, x.ndim)
+    axis = wrap_dim(dim, x.ndim)
     iota = jax.lax.broadcasted_iota(jnp.int64, x.shape, axis)
 
     def combine(a, b):

@@ -28,12 +28,12 @@ from lazytpu.lowering.strided import reinterpret
 aten = torch.ops.aten
 
 
-def _dim(d: int, ndim: int) -> int:
+def wrap_dim(d: int, ndim: int) -> int:
     """Torch's dim wrapping; a 0-d tensor accepts 0 and -1 as its one dim."""
     return d % max(ndim, 1)
 
 
-def _along(dim: int, index) -> tuple:
+def along_axis(dim: int, index) -> tuple:
     """An index tuple applying ``index`` on axis ``dim``."""
     return (slice(None),) * dim + (index,)
 
@@ -79,7 +79,7 @@ def squeeze(x, dim=None):
         dims = range(x.ndim)
     else:
         dims = (dim,) if isinstance(dim, int) else dim
-    axes = tuple(d for d in {_dim(d, x.ndim) for d in dims} if x.ndim and x.shape[d] == 1)
+    axes = tuple(d for d in {wrap_dim(d, x.ndim) for d in dims} if x.ndim and x.shape[d] == 1)
     return jnp.squeeze(x, axes) if axes else x
 
 
@@ -93,12 +93,12 @@ def unsqueeze(x, dim):
 
 @lowering(aten.permute_copy)
 def permute(x, dims):
-    return jnp.transpose(x, tuple(_dim(d, x.ndim) for d in dims)) if x.ndim else x
+    return jnp.transpose(x, tuple(wrap_dim(d, x.ndim) for d in dims)) if x.ndim else x
 
 
 @lowering(aten.transpose_copy.int)
 def transpose(x, dim0, dim1):
-    return jnp.swapaxes(x, _dim(dim0, x.ndim), _dim(dim1, x.ndim)) if x.ndim else x
+    return jnp.swapaxes(x, wrap_dim(dim0, x.ndim), wrap_dim(dim1, x.ndim)) if x.ndim else x
 
 
 @lowering(aten.t_copy)
@@ -115,14 +115,14 @@ def expand(x, size, *, implicit=False):
 
 @lowering(aten.flip)
 def flip(x, dims):
-    return jnp.flip(x, tuple(_dim(d, x.ndim) for d in dims)) if x.ndim and dims else x
+    return jnp.flip(x, tuple(wrap_dim(d, x.ndim) for d in dims)) if x.ndim and dims else x
 
 
 @lowering(aten.roll)
 def roll(x, shifts, dims=()):
     if not dims:  # torch rolls the flattened tensor
         return jnp.roll(x.reshape(-1), shifts[0]).reshape(x.shape)
-    return jnp.roll(x, tuple(shifts), tuple(_dim(d, x.ndim) for d in dims))
+    return jnp.roll(x, tuple(shifts), tuple(wrap_dim(d, x.ndim) for d in dims))
 
 
 @lowering(aten.repeat)
@@ -145,37 +145,37 @@ def constant_pad_nd(x, pad, value=0):
 @lowering(aten.slice_copy.Tensor)
 def slice_(x, dim=0, start=None, end=None, step=1):
     # Python slicing clamps out-of-range bounds and wraps negatives as torch does.
-    return x[_along(_dim(dim, x.ndim), slice(start, end, step))]
+    return x[along_axis(wrap_dim(dim, x.ndim), slice(start, end, step))]
 
 
 @lowering(aten.select_copy.int)
 def select(x, dim, index):
-    dim = _dim(dim, x.ndim)
-    return x[_along(dim, index % x.shape[dim])]
+    dim = wrap_dim(dim, x.ndim)
+    return x[along_axis(dim, index % x.shape[dim])]
 
 
 @lowering(aten.slice_backward)
 def slice_backward(grad, input_sizes, dim, start, end, step):
     zeros = jnp.zeros(tuple(input_sizes), grad.dtype)
-    return zeros.at[_along(_dim(dim, len(input_sizes)), slice(start, end, step))].set(grad)
+    return zeros.at[along_axis(wrap_dim(dim, len(input_sizes)), slice(start, end, step))].set(grad)
 
 
 @lowering(aten.select_backward)
 def select_backward(grad, input_sizes, dim, index):
-    dim = _dim(dim, len(input_sizes))
+    dim = wrap_dim(dim, len(input_sizes))
     zeros = jnp.zeros(tuple(input_sizes), grad.dtype)
-    return zeros.at[_along(dim, index % input_sizes[dim])].set(grad)
+    return zeros.at[along_axis(dim, index % input_sizes[dim])].set(grad)
 
 
 @lowering(aten.diagonal_copy)
 def diagonal(x, offset=0, dim1=0, dim2=1):
-    return jnp.diagonal(x, offset, _dim(dim1, x.ndim), _dim(dim2, x.ndim))
+    return jnp.diagonal(x, offset, wrap_dim(dim1, x.ndim), wrap_dim(dim2, x.ndim))
 
 
 @lowering(aten.diagonal_backward)
 def diagonal_backward(grad, input_sizes, offset, dim1, dim2):
     ndim = len(input_sizes)
-    dim1, dim2 = _dim(dim1, ndim), _dim(dim2, ndim)
+    dim1, dim2 = wrap_dim(dim1, ndim), wrap_dim(dim2, ndim)
     zeros = jnp.moveaxis(jnp.zeros(tuple(input_sizes), grad.dtype), (dim1, dim2), (-2, -1))
     n = grad.shape[-1]
     rows = jnp.arange(n) + max(-offset, 0)
@@ -193,7 +193,7 @@ def cat(tensors, dim=0):
     if not kept:
         return tensors[0]
     dtype = jnp.result_type(*tensors)
-    return jnp.concatenate([t.astype(dtype) for t in kept], axis=_dim(dim, kept[0].ndim))
+    return jnp.concatenate([t.astype(dtype) for t in kept], axis=wrap_dim(dim, kept[0].ndim))
 
 
 @lowering(aten.stack)
@@ -205,14 +205,14 @@ def stack(tensors, dim=0):
 def _split_at(x, dim: int, sizes) -> list:
     pieces, start = [], 0
     for size in sizes:
-        pieces.append(x[_along(dim, slice(start, start + size))])
+        pieces.append(x[along_axis(dim, slice(start, start + size))])
         start += size
     return pieces
 
 
 @lowering(aten.split_copy.Tensor)
 def split(x, split_size, dim=0):
-    dim = _dim(dim, x.ndim)
+    dim = wrap_dim(dim, x.ndim)
     n = x.shape[dim]
     count = max(-(-n // split_size), 1) if split_size else 1
     sizes = [split_size] * (count - 1) + [n - split_size * (count - 1)]
@@ -221,13 +221,13 @@ def split(x, split_size, dim=0):
 
 @lowering(aten.split_with_sizes_copy)
 def split_with_sizes(x, split_sizes, dim=0):
-    return _split_at(x, _dim(dim, x.ndim), split_sizes)
+    return _split_at(x, wrap_dim(dim, x.ndim), split_sizes)
 
 
 @lowering(aten.unbind_copy.int)
 def unbind(x, dim=0):
-    dim = _dim(dim, x.ndim)
-    return [x[_along(dim, i)] for i in range(x.shape[dim])]
+    dim = wrap_dim(dim, x.ndim)
+    return [x[along_axis(dim, i)] for i in range(x.shape[dim])]
 
 
 # -- gathers along one dim ---------------------------------------------------------
@@ -237,7 +237,7 @@ def unbind(x, dim=0):
 def index_select(x, dim, index):
     if x.ndim == 0:
         return x
-    return jnp.take(x, index.reshape(-1), axis=_dim(dim, x.ndim), mode="clip")
+    return jnp.take(x, index.reshape(-1), axis=wrap_dim(dim, x.ndim), mode="clip")
 
 
 @lowering(aten.index_add)
@@ -246,6 +246,6 @@ def index_add(x, dim, index, source, *, alpha=1):
         return index_add(x.astype(jnp.int32), dim, index, source.astype(jnp.int32), alpha=int(alpha)).astype(jnp.bool_)
     if x.ndim == 0:
         return x + alpha * source.reshape(())
-    dim = _dim(dim, x.ndim)
+    dim = wrap_dim(dim, x.ndim)
     source = source.reshape(source.shape if source.ndim else (1,))
-    return x.at[_along(dim, index.reshape(-1))].add((alpha * source).astype(x.dtype))
+    return x.at[along_axis(dim, index.reshape(-1))].add((alpha * source).astype(x.dtype))

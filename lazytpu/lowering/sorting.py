@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from lazytpu.lowering.factories import _two_sided
+from lazytpu.lowering.factories import two_sided
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
@@ -407,7 +407,7 @@ def _edges(x, bins: int, range_):
         lo, hi = jnp.float64(0), jnp.float64(1)
     same = lo == hi
     lo, hi = jnp.where(same, lo - 0.5, lo), jnp.where(same, hi + 0.5, hi)
-    return _two_sided(lo.astype(x.dtype), hi.astype(x.dtype), bins + 1, x.dtype)
+    return two_sided(lo.astype(x.dtype), hi.astype(x.dtype), bins + 1, x.dtype)
 
 
 def _histogramdd(x, edges, weight, density: bool):

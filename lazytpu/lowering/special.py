@@ -19,8 +19,8 @@ import jax.scipy.special as jss
 import torch
 from jax import lax
 
-from lazytpu.lowering.elementwise import Kind, _divide_exactly, elu, promote
-from lazytpu.lowering.factories import _is_integral, _jdtype
+from lazytpu.lowering.elementwise import Kind, divide_exactly, elu, promote
+from lazytpu.lowering.factories import is_integral, jax_dtype
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
@@ -463,7 +463,7 @@ def _linspace_traced(start, end, steps: int, target, work, span_in_target: bool 
     start, end = start.astype(work), end.astype(work)
     if steps <= 1:
         return jnp.full((steps,), start, work)
-    step = _divide_exactly(span, jnp.asarray(steps - 1, work))
+    step = divide_exactly(span, jnp.asarray(steps - 1, work))
     idx = jnp.arange(steps)
     front = start + step * idx.astype(work)
     back = end - step * (steps - 1 - idx).astype(work)
@@ -473,13 +473,13 @@ def _linspace_traced(start, end, steps: int, target, work, span_in_target: bool 
 # torch reads 0-d tensor bounds as scalars (signal.windows.kaiser builds its grid this way)
 @lowering(aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar, aten.linspace.Scalar_Tensor)
 def linspace_tensor(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
-    target = _jdtype(dtype)
-    return _linspace_traced(start, end, steps, target, jnp.float64 if _is_integral(target) else target)
+    target = jax_dtype(dtype)
+    return _linspace_traced(start, end, steps, target, jnp.float64 if is_integral(target) else target)
 
 
 @lowering(aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar, aten.logspace.Scalar_Tensor)
 def logspace_tensor(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None, pin_memory=None):
     if steps == 1:  # torch fills base ** start, start not rounded to the result dtype
         return jnp.power(jnp.float64(base), jnp.full((1,), start, jnp.float64))
-    exponents = _linspace_traced(start, end, steps, _jdtype(dtype), jnp.float64, span_in_target=True)
+    exponents = _linspace_traced(start, end, steps, jax_dtype(dtype), jnp.float64, span_in_target=True)
     return jnp.power(jnp.float64(base), exponents)

@@ -28,7 +28,7 @@ def _present() -> dict[str, list]:
     return found
 
 
-class _ForkState:
+class ForkState:
     """Note [Fork]: PJRT clients do not survive ``fork``: a child forked after
     the parent initialized the device must not touch it (DataLoader workers
     that only handle CPU tensors are fine)."""
@@ -38,15 +38,15 @@ class _ForkState:
 
 
 def _after_fork_in_child() -> None:
-    if _ForkState.initialized:
-        _ForkState.bad_fork = True
+    if ForkState.initialized:
+        ForkState.bad_fork = True
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def check_not_forked() -> None:
-    if _ForkState.bad_fork:
+    if ForkState.bad_fork:
         raise RuntimeError(
             "lazytpu: cannot use the tpu device in a forked subprocess after the parent process initialized it. "
             "Use the 'spawn' start method (torch.multiprocessing.set_start_method('spawn'), or "
@@ -55,7 +55,7 @@ def check_not_forked() -> None:
 
 
 def in_bad_fork() -> bool:
-    return _ForkState.bad_fork
+    return ForkState.bad_fork
 
 
 def _absent(wanted: str, present) -> RuntimeError:
@@ -68,7 +68,7 @@ def _absent(wanted: str, present) -> RuntimeError:
 def devices() -> tuple:
     """The PJRT devices lazytpu uses (all of one platform)."""
     check_not_forked()
-    _ForkState.initialized = True
+    ForkState.initialized = True
     present = _present()
     wanted = _config.PLATFORM.get()
     if wanted is not None:
