@@ -5,13 +5,19 @@ Note [Resolution order]: the route of an op, tried in this order:
 1. a dispatch-level handler (device moves, ``copy_``, ``item``; ``record.handles``);
 2. a view op: the output shares the input's storage (``frontend.windows``);
 3. a lowering rule: the op is recorded (meta kernel for avals and errors);
-4. an in-place or ``out=`` form of an op that resolves: run the functional
+4. ``_foreach_*``: one node (Note [Foreach nodes]), else one call per list element;
+5. an in-place or ``out=`` form of an op that resolves: run the functional
    op, then write the result into the target (``routes.inplace``);
-5. ``_foreach_*``: one node (Note [Foreach nodes]), else one call per list element;
 6. torch's decomposition table, then CompositeImplicit decomposition, then
    a ``torch.library.custom_op``'s Python body;
 7. CPU fallback (counted, warned once per op), or NotImplementedError when
    ``LAZYTPU_CPU_FALLBACK=0``.
+
+The route of an op is chosen once, from the op alone (``route``: a ``Route``
+in ``record.ROUTES``); a step that can decline a particular call (a view
+computed as a value, ``NotImplemented`` from a decomposition) hands it to the
+route of the steps after it. Registering a handler forgets the routes of its
+ops. ``tools/coverage`` reads the routes through ``route``.
 
 This module only resolves: what each route does lives in ``record`` and
 ``routes/``, which never import it (they re-enter it through
@@ -28,12 +34,20 @@ import torch
 from lazytpu.engine import STEPS_DUE, run_due_steps
 from lazytpu.frontend import hostio, tensor
 from lazytpu.frontend.metas import MetaUnavailable
-from lazytpu.frontend.record import DECOMPOSITIONS, HANDLERS, RECORDED, check_with_meta, failed_outputs, record
-from lazytpu.frontend.routes import foreach, handlers  # noqa: F401  (handlers registers the dispatch-level handlers)
+from lazytpu.frontend.record import (
+    DECOMPOSITIONS,
+    HANDLERS,
+    ROUTES,
+    Route,
+    check_with_meta,
+    failed_outputs,
+    record,
+)
+from lazytpu.frontend.routes import handlers  # noqa: F401  (registers the dispatch-level handlers)
 from lazytpu.frontend.routes.advanced_indexing import INDEX_OPS, prepare_indexing
 from lazytpu.frontend.routes.fallback import DATA_DEPENDENT, cpu_fallback
 from lazytpu.frontend.routes.foreach import run_foreach  # noqa: F401  (also the compile backend's decomposition)
-from lazytpu.frontend.routes.inplace import INPLACE_OPS, run_inplace, run_out
+from lazytpu.frontend.routes.inplace import run_inplace, run_out
 from lazytpu.frontend.routes.views import run_inplace_view, run_view
 from lazytpu.frontend.schema import functional_of, is_inplace, out_args, view_kind
 from lazytpu.frontend.tensor import LazyTensor
@@ -55,71 +69,121 @@ def _ends_step_wait(func, args) -> bool:
 
 
 def dispatch(func, args, kwargs):
-    """Resolve one op (Note [Resolution order])."""
+    """Resolve one op (Note [Resolution order]): its route, chosen once per op."""
     if STEPS_DUE and _ends_step_wait(func, args):
         run_due_steps()
-    if func in INDEX_OPS and len(args) > 1 and type(args[0]) is LazyTensor:
-        args, out = prepare_indexing(func, args, kwargs)  # Note [Advanced indexing]
-        if out is not None:
-            return out
-    rule = RECORDED.get(func)
-    if rule is not None:  # the common case first: one dict lookup
-        try:
-            return record(func, args, kwargs, rule)
-        except MetaUnavailable:
-            return cpu_fallback(func, args, kwargs, data_dependent=func in DATA_DEPENDENT)
-    functional = INPLACE_OPS.get(func)
-    if functional is not None:  # then in-place ops of recorded ones
-        return run_inplace(func, functional, args, kwargs)
+    known = ROUTES.get(func)
+    if known is None:
+        known = route(func)
+    return known.run(func, args, kwargs)
+
+
+def route(func) -> Route:
+    """The ``Route`` of ``func`` (memoized in ``record.ROUTES``): the steps of
+    Note [Resolution order] that can apply to it, in that order. A step that
+    may decline a call (a view computed as a value, a foreach op run element
+    by element, a decomposition that returns ``NotImplemented``) falls
+    through to the route of the steps after it."""
+    chosen = ROUTES.get(func)
+    if chosen is None:
+        chosen = ROUTES[func] = _route(func)
+    return chosen
+
+
+def _route(func) -> Route:
+    chosen = _after_handlers(func)
     handler = HANDLERS.get(func)
     if handler is not None:
-        return handler(func, args, kwargs)
+        chosen = Route("handler", handler)
+    if func in INDEX_OPS:  # Note [Advanced indexing]: checked and prepared first
+        chosen = _indexing(chosen)
+    return chosen
+
+
+def _after_handlers(func) -> Route:
     kind = view_kind(func)
-    if kind == "view" and type(args[0]) is LazyTensor:
-        out = run_view(func, args, kwargs)
-        if out is not None:
-            return out
-    elif kind == "inplace_view":
-        return run_inplace_view(func, args, kwargs)
+    if kind == "inplace_view":
+        return Route("inplace_view", run_inplace_view)
+    rest = _after_views(func)
+    if kind != "view":
+        return rest
+
+    def view(func, args, kwargs):
+        if type(args[0]) is LazyTensor:
+            out = run_view(func, args, kwargs)
+            if out is not None:
+                return out
+        return rest.run(func, args, kwargs)
+
+    return Route("view", view, rest.rule, rest.functional)
+
+
+def _after_views(func) -> Route:
     rule = get_rule(func)
     if rule is not None:
-        if not kind and func not in HANDLERS:
-            RECORDED[func] = rule
-        try:
-            return record(func, args, kwargs, rule)
-        except MetaUnavailable:
-            return cpu_fallback(func, args, kwargs, data_dependent=func in DATA_DEPENDENT)
-    name = func._schema.name
-    if name.startswith("aten::_foreach_"):
+
+        def recorded(func, args, kwargs):
+            try:
+                return record(func, args, kwargs, rule)
+            except MetaUnavailable:
+                return cpu_fallback(func, args, kwargs, data_dependent=func in DATA_DEPENDENT)
+
+        return Route("recorded", recorded, rule)
+    rest = _after_foreach(func)
+    if not func._schema.name.startswith("aten::_foreach_"):
+        return rest
+
+    def foreach(func, args, kwargs):
         out = run_foreach(func, args, kwargs)
-        if out is not NotImplemented:
-            return out
-    if is_inplace(func):
+        return rest.run(func, args, kwargs) if out is NotImplemented else out
+
+    return Route("foreach", foreach, None, rest.functional)
+
+
+def _after_foreach(func) -> Route:
+    if is_inplace(func) or out_args(func):
         functional = functional_of(func)
         if functional is not None and resolves(functional):
-            if not kind and func not in HANDLERS and not name.startswith("aten::_foreach_"):
-                INPLACE_OPS[func] = functional
-            return run_inplace(func, functional, args, kwargs)
-    elif out_args(func):
-        functional = functional_of(func)
-        if functional is not None and resolves(functional):
-            return run_out(func, functional, args, kwargs)
-    if func not in _DECOMPOSING.ops:
-        decomp = DECOMPOSITIONS.get(func)
+            if is_inplace(func):
+                return Route("inplace", lambda f, a, k: run_inplace(f, functional, a, k), None, functional)
+            return Route("out", lambda f, a, k: run_out(f, functional, a, k), None, functional)
+    last = _last(func)
+    decomp = DECOMPOSITIONS.get(func)
+
+    def decomposed(func, args, kwargs):
+        if func in _DECOMPOSING.ops:  # a decomposition calling its own op again
+            return last.run(func, args, kwargs)
         _DECOMPOSING.ops.add(func)
         try:
             if decomp is not None:
                 check_with_meta(func, args, kwargs)
                 return decomp(*args, **kwargs)
             out = func.decompose(*args, **kwargs)
-            if out is not NotImplemented:
-                return out
         finally:
             _DECOMPOSING.ops.discard(func)
+        return last.run(func, args, kwargs) if out is NotImplemented else out
+
+    if decomp is not None or func._can_decompose():
+        return Route("decomposed", decomposed)
+    return last
+
+
+def _last(func) -> Route:
     body = _custom_op_body(func)
     if body is not None:
-        return body(*args, **kwargs)
-    return cpu_fallback(func, args, kwargs, data_dependent=func in DATA_DEPENDENT)
+        return Route("custom", lambda f, a, k: body(*a, **k))
+    return Route("fallback", lambda f, a, k: cpu_fallback(f, a, k, data_dependent=f in DATA_DEPENDENT))
+
+
+def _indexing(rest: Route) -> Route:
+    def indexing(func, args, kwargs):
+        if len(args) > 1 and type(args[0]) is LazyTensor:
+            args, out = prepare_indexing(func, args, kwargs)
+            if out is not None:
+                return out
+        return rest.run(func, args, kwargs)
+
+    return Route(rest.kind, indexing, rest.rule, rest.functional)
 
 
 class _Decomposing(threading.local):

@@ -39,16 +39,42 @@ DECOMPOSITIONS = {op: fn for op, fn in decomposition_table.items() if not fn.__m
 
 
 def handles(*ops):
-    """Register a dispatch-level handler (Note [Resolution order], step 1)."""
+    """Register a dispatch-level handler (Note [Resolution order], step 1);
+    routes already chosen for these ops are forgotten."""
 
     def register(fn):
         for op in ops:
             if op in HANDLERS:
                 raise ValueError(f"duplicate dispatch handler for {op}")
             HANDLERS[op] = fn
+            ROUTES.pop(op, None)
         return fn
 
     return register
+
+
+class Route:
+    """How the resolver runs one op (Note [Resolution order] in frontend/dispatch).
+
+    ``run(func, args, kwargs)`` does it; ``kind`` names the step that chose it
+    (``"handler"``, ``"view"``, ``"inplace_view"``, ``"recorded"``, ``"foreach"``,
+    ``"inplace"``, ``"out"``, ``"decomposed"``, ``"custom"``, ``"fallback"``),
+    ``rule`` is the lowering rule a recorded op records with, and
+    ``functional`` the op an in-place or ``out=`` form runs.
+    """
+
+    __slots__ = ("kind", "run", "rule", "functional")
+
+    def __init__(self, kind: str, run, rule=None, functional=None) -> None:
+        self.kind, self.run, self.rule, self.functional = kind, run, rule, functional
+
+    def __repr__(self) -> str:
+        return f"Route({self.kind})"
+
+
+# op -> its Route, chosen once per op by ``dispatch.route``
+ROUTES: dict = {}
+_caches.register("routes", ROUTES.clear)
 
 
 _NO_LIFT = frozenset({"arange", "linspace", "logspace", "range", "full", "scalar_tensor"})
@@ -215,9 +241,6 @@ def _count_slots(leaf) -> int:
 
 
 PLANS = _caches.memo("record_plans")
-# ops known to resolve straight to a recorded rule (not handlers, not views)
-RECORDED: dict = {}
-_caches.register("recorded_ops", RECORDED.clear)
 
 
 def key_leaf(a, values: list):

@@ -36,23 +36,20 @@ STATUSES = ("lowered", "decomposed", "fallback", "failing")
 
 
 def route(func) -> str | None:
-    """How the dispatcher resolves ``func`` when nothing fails:
-    ``"lowered"``, ``"decomposed"`` or None (CPU fallback)."""
-    from lazytpu.frontend import dispatch, record, schema
-    from lazytpu.lowering import get_rule
+    """How the dispatcher resolves ``func`` when nothing fails (its route,
+    Note [Resolution order]): ``"lowered"``, ``"decomposed"`` or None (CPU fallback)."""
+    from lazytpu.frontend import dispatch
 
-    if func in record.HANDLERS or get_rule(func) is not None or schema.view_kind(func):
+    chosen = dispatch.route(func)
+    if chosen.kind in ("handler", "view", "inplace_view", "recorded"):
         return "lowered"
-    name = func._schema.name
-    if name.startswith("aten::_foreach_"):
+    if chosen.kind == "foreach":
         from lazytpu.frontend.routes.foreach import element_op
 
         return "decomposed" if element_op(func) is not None else None
-    if schema.is_inplace(func) or schema.out_args(func):
-        functional = schema.functional_of(func)
-        if functional is not None and dispatch.resolves(functional):
-            return route(functional)
-    if func in record.DECOMPOSITIONS or func._can_decompose():
+    if chosen.kind in ("inplace", "out"):
+        return route(chosen.functional)
+    if chosen.kind == "decomposed":
         return "decomposed"
     return None
 

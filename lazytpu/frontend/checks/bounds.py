@@ -21,7 +21,7 @@ from lazytpu.frontend import hostio
 from lazytpu.frontend.checks import value_checks
 from lazytpu.frontend.checks.value_checks import HOST_CHECKED
 from lazytpu.frontend.metas import MetaUnavailable
-from lazytpu.frontend.record import RECORDED, handles, record
+from lazytpu.frontend.record import handles, record
 from lazytpu.frontend.routes.fallback import DATA_DEPENDENT, cpu_fallback
 from lazytpu.frontend.tensor import LazyTensor
 from lazytpu.frontend.windows import read
@@ -46,9 +46,7 @@ def install() -> None:
     stay on dispatch's recorded fast path."""
     if _INSTALLED:
         return
-    handles(*HOST_CHECKED)(checked)
-    for op in HOST_CHECKED:
-        RECORDED.pop(op, None)  # dispatch tries recorded ops before handlers
+    handles(*HOST_CHECKED)(checked)  # a handler comes first in every op's route
     _INSTALLED.append(True)
 
 

@@ -11,7 +11,7 @@ from lazytpu._dtypes import type_name
 from lazytpu.frontend.checks.overlap import check_overlap
 from lazytpu.frontend.checks.probe import cpu_probe
 from lazytpu.frontend.metas import MetaUnavailable
-from lazytpu.frontend.record import RECORDED, check_generator, check_with_meta, plan_key, record
+from lazytpu.frontend.record import ROUTES, check_generator, check_with_meta, plan_key, record
 from lazytpu.frontend.routes.fallback import DATA_DEPENDENT, cpu_fallback
 from lazytpu.frontend.routes.views import resize_to
 from lazytpu.frontend.schema import out_args
@@ -88,10 +88,7 @@ def _functional_recipe(func, functional, n_args: int, kwarg_names: tuple) -> tup
     return tuple(call_args), tuple(call_kwargs)
 
 
-# In-place ops known to run as their functional form (dispatch's fast path),
-# and the call signatures of them already checked with the meta kernel.
-INPLACE_OPS: dict = {}
-_caches.register("inplace_ops", INPLACE_OPS.clear)
+# The call signatures of in-place ops already checked with the meta kernel.
 _INPLACE_CHECKED = _caches.memo("inplace_checked")
 
 
@@ -103,7 +100,8 @@ def run_inplace(func, functional, args, kwargs):
         _INPLACE_CHECKED.add(key)
     if type(self) is LazyTensor:
         check_overlap(func, args, kwargs, self)
-    rule = RECORDED.get(functional)
+    known = ROUTES.get(functional)
+    rule = known.rule if known is not None and known.kind == "recorded" else None
     if rule is not None and type(self) is LazyTensor and self._lt_window is None:
         call_args, call_kwargs = functional_args(func, functional, args, kwargs)
         try:
