@@ -43,6 +43,7 @@ aten = torch.ops.aten
 
 
 _COPY = aten.copy_.default
+_handler_of = HANDLERS.get  # the handlers' dict lookup, bound once: it runs per op
 
 
 def _ends_step_wait(func, args) -> bool:
@@ -71,7 +72,7 @@ def dispatch(func, args, kwargs):
     functional = INPLACE_OPS.get(func)
     if functional is not None:  # then in-place ops of recorded ones
         return run_inplace(func, functional, args, kwargs)
-    handler = HANDLERS.get(func)
+    handler = _handler_of(func)
     if handler is not None:
         return handler(func, args, kwargs)
     kind = view_kind(func)

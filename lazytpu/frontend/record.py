@@ -16,6 +16,7 @@ import torch
 from torch._decomp import decomposition_table
 
 from lazytpu import _caches
+from lazytpu._registry import Registry
 from lazytpu.engine import RNG_AVAL, context
 from lazytpu.frontend import hostio, schema
 from lazytpu.frontend.checks import scalars, value_checks
@@ -32,7 +33,7 @@ aten = torch.ops.aten
 
 # -- dispatch-level handlers ----------------------------------------------------
 
-HANDLERS: dict = {}
+HANDLERS = Registry("dispatch handler")  # op -> handler(func, args, kwargs)
 
 # torch's decompositions to ATen (not the _refs ones, which produce prims).
 DECOMPOSITIONS = {op: fn for op, fn in decomposition_table.items() if not fn.__module__.startswith("torch._refs")}
@@ -40,15 +41,7 @@ DECOMPOSITIONS = {op: fn for op, fn in decomposition_table.items() if not fn.__m
 
 def handles(*ops):
     """Register a dispatch-level handler (Note [Resolution order], step 1)."""
-
-    def register(fn):
-        for op in ops:
-            if op in HANDLERS:
-                raise ValueError(f"duplicate dispatch handler for {op}")
-            HANDLERS[op] = fn
-        return fn
-
-    return register
+    return HANDLERS.register(*ops)
 
 
 _NO_LIFT = frozenset({"arange", "linspace", "logspace", "range", "full", "scalar_tensor"})
@@ -216,8 +209,7 @@ def _count_slots(leaf) -> int:
 
 PLANS = _caches.memo("record_plans")
 # ops known to resolve straight to a recorded rule (not handlers, not views)
-RECORDED: dict = {}
-_caches.register("recorded_ops", RECORDED.clear)
+RECORDED: dict = _caches.table("recorded_ops")
 
 
 def key_leaf(a, values: list):

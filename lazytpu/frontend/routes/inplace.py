@@ -31,8 +31,7 @@ def _call_functional(func, functional, args, kwargs, extra=None):
     return redispatch(functional, call_args, call_kwargs)
 
 
-_RECIPES: dict = {}
-_caches.register("functional_recipes", _RECIPES.clear)
+_RECIPES: dict = _caches.table("functional_recipes")
 
 
 def functional_args(func, functional, args, kwargs) -> tuple[tuple, dict]:
@@ -90,8 +89,7 @@ def _functional_recipe(func, functional, n_args: int, kwarg_names: tuple) -> tup
 
 # In-place ops known to run as their functional form (dispatch's fast path),
 # and the call signatures of them already checked with the meta kernel.
-INPLACE_OPS: dict = {}
-_caches.register("inplace_ops", INPLACE_OPS.clear)
+INPLACE_OPS: dict = _caches.table("inplace_ops")
 _INPLACE_CHECKED = _caches.memo("inplace_checked")
 
 
