@@ -1,10 +1,18 @@
 """Every in-memory cache registers its ``clear`` here, so one call clears all;
-memos keyed by call signatures are bounded (``memo``)."""
+memos keyed by call signatures are bounded (``memo``).
+
+A cache is made registered in one line: ``_PLANS = _caches.memo("plans")`` (bounded,
+Note [Memo bound]), ``_SEEN = _caches.table("seen")`` (a plain dict; ``table(name, set)``
+a set, ``table(name, Cls)`` any object with ``clear``), or ``register(name, clear)`` for
+what clears otherwise (an ``lru_cache``'s ``cache_clear``)."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from typing import TypeVar
+
+_T = TypeVar("_T")
 
 _CLEARERS: dict[str, Callable[[], None]] = {}
 _MEMOS: dict[str, Memo] = {}
@@ -17,6 +25,16 @@ def register(name: str, clear: Callable[[], None]) -> None:
     if name in _CLEARERS:
         raise ValueError(f"cache {name!r} registered twice")
     _CLEARERS[name] = clear
+
+
+def table(name: str, kind: Callable[[], _T] = dict) -> _T:
+    """A new ``kind()`` (a plain dict unless told), cleared with every cache.
+
+    A dict or set made here is unbounded: for keys that stay few (ops, directories);
+    one keyed by call signatures is a ``memo``."""
+    value = kind()
+    register(name, value.clear)
+    return value
 
 
 def clear_all() -> None:

@@ -133,9 +133,8 @@ class _History:
             self.count = 0
 
 
-_HISTORY = _History()
+_HISTORY = _caches.table("recompile_history", _History)
 _SHOWN = 4
-_caches.register("recompile_history", _HISTORY.clear)
 
 
 def _signature(program) -> tuple:
@@ -283,8 +282,7 @@ class _DumpDirs:
             self.broken.clear()
 
 
-_DUMP_DIRS = _DumpDirs()
-_caches.register("broken_dump_dirs", _DUMP_DIRS.clear)
+_DUMP_DIRS = _caches.table("broken_dump_dirs", _DumpDirs)
 
 
 def dump_dir() -> Path | None:

@@ -25,7 +25,7 @@ def failing_exp(monkeypatch):
     def broken(x):
         raise ValueError("injected lowering failure")
 
-    monkeypatch.setitem(registry._RULES, torch.ops.aten.exp.default, registry.Rule(broken))
+    monkeypatch.setitem(registry.RULES.entries, torch.ops.aten.exp.default, registry.Rule(broken))
     lazytpu.runtime.clear_caches()  # an exp program compiled by an earlier test would not be lowered again
 
 

@@ -25,7 +25,7 @@ def failing_exp(monkeypatch):
         raise ValueError("injected lowering failure")
 
     op = torch.ops.aten.exp.default
-    monkeypatch.setitem(registry._RULES, op, registry.Rule(broken))
+    monkeypatch.setitem(registry.RULES.entries, op, registry.Rule(broken))
     return op
 
 
@@ -76,7 +76,7 @@ def test_out_of_memory_becomes_torch_oom(monkeypatch):
     def oom(x):
         raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4.00GiB")
 
-    monkeypatch.setitem(registry._RULES, torch.ops.aten.exp.default, registry.Rule(oom))
+    monkeypatch.setitem(registry.RULES.entries, torch.ops.aten.exp.default, registry.Rule(oom))
     x = torch.ones(17, 3).to("tpu")
     with pytest.raises(torch.OutOfMemoryError, match=r"out of device memory .* MiB"):
         x.exp().cpu()

@@ -31,8 +31,7 @@ from lazytpu.frontend.dispatch import run_foreach
 
 __all__ = ["backend", "decompositions"]
 
-_TABLE: dict = {}
-_caches.register("compile_decompositions", _TABLE.clear)
+_TABLE: dict = _caches.table("compile_decompositions")
 
 
 def _foreach_decomposition(op):

@@ -36,8 +36,7 @@ class _History:
             self.count = 0
 
 
-_HISTORY = _History()
-_caches.register("compiled_graph_history", _HISTORY.clear)
+_HISTORY = _caches.table("compiled_graph_history", _History)
 
 
 def _show(part) -> str:

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import torch
 
 from lazytpu import _caches
+from lazytpu._registry import Registry
 from lazytpu.lowering import get_rule
 from lazytpu.lowering.casts import convert
 
@@ -30,20 +31,12 @@ aten = torch.ops.aten
 
 # -- graph rules (Note [FX node resolution], step 1) ---------------------------
 
-GRAPH_RULES: dict = {}
+GRAPH_RULES = Registry("graph rule")  # FX call target -> fn(target, *args)
 
 
 def graph_rule(*targets):
     """Register ``fn`` for FX call targets that are structure, not math."""
-
-    def register(fn):
-        for target in targets:
-            if target in GRAPH_RULES:
-                raise ValueError(f"duplicate graph rule for {target}")
-            GRAPH_RULES[target] = fn
-        return fn
-
-    return register
+    return GRAPH_RULES.register(*targets)
 
 
 # Python arithmetic and comparisons on sizes (dynamic shapes), and getitem.
@@ -81,8 +74,7 @@ def is_view_node(op) -> bool:
     return bool(returns and args) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
 
 
-_LOWERABLE: dict = {}
-_caches.register("compile_lowerable", _LOWERABLE.clear)
+_LOWERABLE: dict = _caches.table("compile_lowerable")
 
 
 def lowerable(op):

@@ -10,7 +10,7 @@ local one and returns this process's local results. Knows nothing of torch.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -19,23 +19,17 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from lazytpu import _caches
+from lazytpu._registry import Registry
 from lazytpu.distributed.jax_runtime import AXIS
 
 REDUCE_OPS = ("sum", "avg", "max", "min", "product", "band", "bor", "bxor")
 
-RULES: dict[str, Callable] = {}
+RULES = Registry("collective rule")  # name -> rule
 
 
 def rule(name: str):
     """Register a collective rule under ``name`` (a duplicate raises)."""
-
-    def register(fn):
-        if name in RULES:
-            raise ValueError(f"duplicate collective rule {name!r}")
-        RULES[name] = fn
-        return fn
-
-    return register
+    return RULES.register(name)
 
 
 # -- helpers ---------------------------------------------------------------------

@@ -109,8 +109,7 @@ def _host_memory(t, base: torch.Tensor) -> torch.Tensor:
 # every tensor on it becomes a window on that upload (``load_into``).
 
 # id(tpu Storage) -> its host copy, while that copy lives (torch.save holds it until the file is written).
-_SAVED: dict[int, weakref.ref] = {}
-_caches.register("saved_storages", _SAVED.clear)
+_SAVED: dict[int, weakref.ref] = _caches.table("saved_storages")
 
 
 def saved_storage(t) -> torch.UntypedStorage:

@@ -16,6 +16,7 @@ import torch
 from torch._decomp import decomposition_table
 
 from lazytpu import _caches
+from lazytpu._registry import Registry
 from lazytpu.engine import RNG_AVAL, context
 from lazytpu.frontend import hostio, schema
 from lazytpu.frontend.checks import scalars, value_checks
@@ -32,7 +33,7 @@ aten = torch.ops.aten
 
 # -- dispatch-level handlers ----------------------------------------------------
 
-HANDLERS: dict = {}
+HANDLERS = Registry("dispatch handler")  # op -> handler(func, args, kwargs)
 
 # torch's decompositions to ATen (not the _refs ones, which produce prims).
 DECOMPOSITIONS = {op: fn for op, fn in decomposition_table.items() if not fn.__module__.startswith("torch._refs")}
@@ -41,16 +42,9 @@ DECOMPOSITIONS = {op: fn for op, fn in decomposition_table.items() if not fn.__m
 def handles(*ops):
     """Register a dispatch-level handler (Note [Resolution order], step 1);
     routes already chosen for these ops are forgotten."""
-
-    def register(fn):
-        for op in ops:
-            if op in HANDLERS:
-                raise ValueError(f"duplicate dispatch handler for {op}")
-            HANDLERS[op] = fn
-            ROUTES.pop(op, None)
-        return fn
-
-    return register
+    for op in ops:
+        ROUTES.pop(op, None)
+    return HANDLERS.register(*ops)
 
 
 class Route:
@@ -73,8 +67,7 @@ class Route:
 
 
 # op -> its Route, chosen once per op by ``dispatch.route``
-ROUTES: dict = {}
-_caches.register("routes", ROUTES.clear)
+ROUTES: dict = _caches.table("routes")
 
 
 _NO_LIFT = frozenset({"arange", "linspace", "logspace", "range", "full", "scalar_tensor"})

@@ -40,8 +40,7 @@ class ForeachOp:
     __str__ = __repr__
 
 
-_OPS: dict = {}
-_caches.register("foreach_ops", _OPS.clear)
+_OPS: dict = _caches.table("foreach_ops")
 
 
 def foreach_op(func, element) -> ForeachOp:

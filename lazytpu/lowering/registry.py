@@ -18,6 +18,8 @@ from collections.abc import Callable
 import attrs
 import torch
 
+from lazytpu._registry import Registry
+
 _OpOverload = torch._ops.OpOverload
 _OpPacket = torch._ops.OpOverloadPacket
 
@@ -26,9 +28,6 @@ _OpPacket = torch._ops.OpOverloadPacket
 class Rule:
     fn: Callable
     random: bool = False
-
-
-_RULES: dict[_OpOverload, Rule] = {}
 
 
 def _is_functional(op: _OpOverload) -> bool:
@@ -47,27 +46,20 @@ def expand(op) -> list[_OpOverload]:
     raise TypeError(f"not an aten op: {op!r}")
 
 
+RULES: Registry = Registry("lowering", expand=expand)  # op -> Rule
+
+# The rule of an op, or None: the registry's own dict lookup (called per op).
+get_rule: Callable[[object], Rule | None] = RULES.get
+
+
 def lowering(*ops, random: bool = False) -> Callable[[Callable], Callable]:
     """Register ``fn`` as the lowering of ``ops`` (packets expand to overloads).
 
     Raises:
         ValueError: an op already has a rule.
     """
-
-    def register(fn: Callable) -> Callable:
-        for packet in ops:
-            for op in expand(packet):
-                if op in _RULES:
-                    raise ValueError(f"duplicate lowering for {op}: {_RULES[op].fn.__qualname__}")
-                _RULES[op] = Rule(fn, random)
-        return fn
-
-    return register
-
-
-def get_rule(op) -> Rule | None:
-    return _RULES.get(op)
+    return RULES.register(*ops, wrap=lambda fn: Rule(fn, random))
 
 
 def registered_ops() -> frozenset:
-    return frozenset(_RULES)
+    return frozenset(RULES)

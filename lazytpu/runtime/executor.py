@@ -88,8 +88,7 @@ class _ProgramCache:
             )
 
 
-_CACHE = _ProgramCache()
-_caches.register("programs", _CACHE.clear)
+_CACHE = _caches.table("programs", _ProgramCache)
 
 
 def _compile(key, fn, inputs, index: int, donate: tuple, on_compile):

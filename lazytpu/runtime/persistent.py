@@ -91,8 +91,7 @@ class _Directories:
             self.known.clear()
 
 
-_DIRECTORIES = _Directories()
-_caches.register("compile_cache_directories", _DIRECTORIES.clear)
+_DIRECTORIES = _caches.table("compile_cache_directories", _Directories)
 
 
 def _open_directory(path: Path) -> _Directory:

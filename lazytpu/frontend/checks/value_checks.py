@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from lazytpu import _config
+from lazytpu._registry import Registry
 from lazytpu.ir import Aval, Data, Node, Output, Storage
 from lazytpu.ir.node import op_sig
 from lazytpu.ir.template import Slot, Template, fill
@@ -44,21 +45,13 @@ from lazytpu.lowering.checks import VALUE_CHECK
 
 aten = torch.ops.aten
 
-_RULES: dict = {}
+RULES = Registry("value checks")  # op -> fn(*args, **kwargs) -> [(tensor, kind, params, fill)]
 
 
 def checks(*ops) -> Callable[[Callable], Callable]:
     """Register ``fn(*args, **kwargs) -> [(tensor, kind, params, fill)]`` as the
     value checks of ``ops``; ``fill`` is a value every element may hold."""
-
-    def register(fn: Callable) -> Callable:
-        for op in ops:
-            if op in _RULES:
-                raise ValueError(f"value checks for {op} are already registered")
-            _RULES[op] = fn
-        return fn
-
-    return register
+    return RULES.register(*ops)
 
 
 @attrs.frozen(slots=True)
@@ -179,7 +172,7 @@ class PendingValueCheck:
 
 def plan(func, args, kwargs, template, values: list) -> ValuePlan | None:
     """The value checks of a call signature, or None (most ops)."""
-    rule = _RULES.get(func)
+    rule = RULES.get(func)
     if rule is None or "bounds" in _config.DEBUG.value and func in HOST_CHECKED:
         return None
     found = []

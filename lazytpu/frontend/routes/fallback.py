@@ -15,8 +15,7 @@ from lazytpu.frontend.windows import contiguous_strides, new_tensor, write_value
 
 aten = torch.ops.aten
 
-_WARNED: set = set()
-_caches.register("fallback_warnings", _WARNED.clear)
+_WARNED: set = _caches.table("fallback_warnings", set)
 
 
 # Note [Data-dependent shapes]: ops whose output shape depends on values

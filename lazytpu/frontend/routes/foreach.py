@@ -190,8 +190,7 @@ class _Batch:
 
 
 # element op -> (functional op it records, its rule), or None when it cannot be batched
-_BATCHABLE: dict = {}
-_caches.register("foreach_elements", _BATCHABLE.clear)
+_BATCHABLE: dict = _caches.table("foreach_elements")
 # foreach call signature -> its _Batch, or False (run element by element)
 _BATCHES = _caches.memo("foreach_batches")
 

@@ -31,8 +31,7 @@ def _call_functional(func, functional, args, kwargs, extra=None):
     return redispatch(functional, call_args, call_kwargs)
 
 
-_RECIPES: dict = {}
-_caches.register("functional_recipes", _RECIPES.clear)
+_RECIPES: dict = _caches.table("functional_recipes")
 
 
 def functional_args(func, functional, args, kwargs) -> tuple[tuple, dict]:
