@@ -17,10 +17,10 @@ import timeit
 import torch
 
 import lazytpu
-from lazytpu import debug, engine
+from lazytpu import engine
 from lazytpu.frontend import dispatch, record, windows
 from lazytpu.fusion import build_program
-from lazytpu.ir import Node, Output
+from lazytpu.ir import Node, Output, source
 
 N = 20_000
 # CPU time of this thread: on a shared machine, robust to time spent descheduled
@@ -97,7 +97,7 @@ def main() -> None:
         "plan lookup": lambda: record.PLANS.get(key),
         "node": lambda: Node(func, plan.template, inputs, plan.out_avals, None, plan.static),
         "output tensor (storage + wrapper)": lambda: windows.new_tensor_of(Output(node, 0), plan.descs[0], 0),
-        "source location (user file:line)": lambda: debug.location(1),
+        "source location (user file:line)": lambda: source.location(1),
         "dispatch() total": lambda: dispatch.dispatch(func, (x, y), {}),
     }
     for name, fn in steps.items():
