@@ -1,7 +1,8 @@
 """The device context: the pending graph, the mode, record and flush.
 
 This is where the stages meet: ops are recorded into the ``ir`` graph, and a
-flush runs ``fusion`` -> ``lowering`` -> ``runtime`` and re-binds the results.
+flush runs ``fusion`` -> ``lowering`` -> ``runtime`` and re-binds the results,
+in the steps of Note [Flush steps] in lazytpu.engine_flush.
 
 Note [Modes]: strict mode is defer mode with a flush after every recorded op;
 there is one code path. strict-blocking also waits for each program.
@@ -20,8 +21,8 @@ import jax
 import numpy as np
 import torch
 
-from lazytpu import _config, metrics, runtime
-from lazytpu.fusion import FailedInput, build_program, op_node, split_roots
+from lazytpu import _config, engine_flush, metrics, runtime
+from lazytpu.fusion import split_roots
 from lazytpu.ir import Aval, Data, Node, Output, PendingGraph
 from lazytpu.ir.graph import RandomCell
 from lazytpu.ir.source import source_text
@@ -148,7 +149,6 @@ class DeviceContext:
         self.lanes: dict[int, Lane] = {id(self.main.graph): self.main}  # by id of their graph
         self._local = threading.local()
         self.seed = DEFAULT_SEED
-        self.unfolded_ops = 0
 
     # -- lanes ----------------------------------------------------------
     def lane(self) -> Lane:
@@ -161,6 +161,7 @@ class DeviceContext:
             else:
                 with self.lock:
                     lane = Lane(PendingGraph(self.lock, self.random), thread)
+                    self.fold_metrics()  # the ops of the idle lanes dropped here stay counted
                     self.lanes = {k: v for k, v in self.lanes.items() if not v.idle()}
                     self.lanes[id(lane.graph)] = lane
             self._local.lane = lane
@@ -197,10 +198,16 @@ class DeviceContext:
         self.lane().collective_runner = runner
 
     def fold_metrics(self) -> None:
+        """Add the ops recorded in each lane since the last fold to the
+        metrics' ``ops_recorded`` (its graph's ``recorded_ops`` is the count)."""
         with self.lock:
-            if self.unfolded_ops:
-                metrics.add("ops_recorded", self.unfolded_ops)
-                self.unfolded_ops = 0
+            ops = 0
+            for lane in self.lanes.values():
+                graph = lane.graph
+                ops += graph.recorded_ops - graph.folded_ops
+                graph.folded_ops = graph.recorded_ops
+            if ops:
+                metrics.add("ops_recorded", ops)
 
     # -- random state ---------------------------------------------------
     def manual_seed(self, seed: int) -> None:
@@ -231,15 +238,15 @@ class DeviceContext:
     def recorded(self, node: Node, flush: bool = True) -> None:
         """Called after a node is recorded: strict mode flushes here.
 
-        ``ops_recorded`` is counted here without the metrics lock (we hold the
-        graph's) and folded into the metrics at each flush and snapshot.
+        ``ops_recorded`` is counted here, in the graph's ``recorded_ops``,
+        without the metrics lock (we hold the graph's), and folded into the
+        metrics at each flush and snapshot (``fold_metrics``).
         ``flush=False`` while some output is not bound to a storage yet (a
         view's read, an input of the op being recorded; an op's outputs bound
         one by one): a flush then could donate a buffer that output still
         needs (Note [Donation]). The op flushes once all are bound.
         """
-        self.graph.pending_ops += 1
-        self.unfolded_ops += 1
+        self.graph.recorded_ops += 1
         if flush:
             self.flush_if_due()
 
@@ -322,7 +329,8 @@ class DeviceContext:
 
     def flush(self, reason: str, count: bool = True, lane: Lane | None = None) -> tuple:
         """Materialize every live pending value of ``lane`` (default: the
-        calling thread's, Note [Lanes]) in one program.
+        calling thread's, Note [Lanes]) in one program, in the steps of Note
+        [Flush steps] in lazytpu.engine_flush.
 
         ``count=False`` for a step boundary's flush, counted at the boundary.
 
@@ -332,40 +340,37 @@ class DeviceContext:
         """
         with self.lock:
             lane = lane or self.lane()
-            graph = lane.graph
-            self.fold_metrics()
-            if STEPS_DUE:
-                STEPS_DUE.pop(lane, None)
-            roots = graph.roots()
-            if count:
-                metrics.count("syncs", reason)
-            execute, lane.collective_runner = lane.collective_runner or runtime.execute, None
+            roots, runner = self.collect(lane, reason, count)
             if not roots:
-                graph.forget_pending()  # whatever was pending is dead or materialized
                 return ()
-            if lane.computed_checks:
+            if lane.computed_checks:  # let go of the value checks computed since (Note [Value checks])
                 self._read_value_checks(lane)
-            results, failures = self._run(roots, execute, first=True)
-            checks, lane.checks = lane.checks, []
-            checks = [c for c in checks if not any(g in failures for g in c.guards)]  # nothing to check
-            guarded = [split_roots(list(results), [g.node for g in c.guards])[0] for c in checks]
-            settled = graph.settle(results, failures)
-            if lane.value_checks:
-                weak = graph.weakly(settled)
-                for pending in lane.value_checks:
-                    pending.roots, pending.settled = roots, weak
-                lane.computed_checks += lane.value_checks
-                lane.value_checks = []
-            errors = list(dict.fromkeys(failures.values()))
-            for check, reaching in zip(checks, guarded):
-                error = check.error()
-                if error is not None:
-                    errors.append(error)
-                    failures.update(dict.fromkeys(reaching, error))
-                    graph.fail_values(settled, failures)
+            results, failures = engine_flush.run(self, roots, runner)
+            errors = engine_flush.rebind(lane, roots, results, failures)
             if errors:  # the first failure, once: every value it reached keeps it
                 raise errors[0].with_traceback(None)
             return tuple(d.buffer for d in results.values())
+
+    def collect(self, lane: Lane, reason: str, count: bool) -> tuple[list, Callable]:
+        """Step 1 of a flush of ``lane`` (Note [Flush steps]): the pending
+        values it must materialize, and the runner of their program (taken:
+        the next flush runs on this device alone again).
+
+        Counts the sync (unless not ``count``); takes the lane off the steps
+        due (Note [Step boundary]). With no roots, whatever was pending is dead
+        or materialized: the graph forgets it.
+        """
+        graph = lane.graph
+        self.fold_metrics()
+        if STEPS_DUE:
+            STEPS_DUE.pop(lane, None)
+        roots = graph.roots()
+        if count:
+            metrics.count("syncs", reason)
+        runner, lane.collective_runner = lane.collective_runner or runtime.execute, None
+        if not roots:
+            graph.forget_pending()
+        return roots, runner
 
     def flush_all(self, reason: str) -> None:
         """Flush every lane of this device (the calling thread's first)."""
@@ -376,64 +381,33 @@ class DeviceContext:
                 if lane is not first and lane.graph.pending:
                     self.flush(reason, lane=lane)
 
-    def _run(self, roots: list, execute, first: bool) -> tuple[dict, dict]:
-        """Compile and run the program of ``roots``; on a failure, run again
-        what does not depend on the failing op (Note [Failure isolation]).
-
-        Returns:
-            ``{root: Data}`` for the values computed and ``{root: error}`` for
-            those that failed.
-        """
-        try:
-            program, inputs, distinct = build_program(roots)
-        except FailedInput as exc:
-            return self._without(roots, [exc.node], exc.error, execute)
-        # A retry donates nothing: a failed attempt may have left a donated input to a part
-        # that still needs it.
-        donate = self._donated(program, inputs) if first else ()
-        blocking = MODE.current is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
-        try:
-            outs = execute(
-                (program.key, donate, self.index),
-                lambda: lower_program(program),
-                inputs,
-                index=self.index,
-                blocking=blocking,
-                donate=donate,
-                on_compile=lambda lowered: notify("compile", program, lowered),
-            )
-        except Exception as exc:
-            error = _program_error(exc, program)
-            error.__cause__ = exc
-            if execute is not runtime.execute:  # another rank runs this program too: no retries
-                return {}, dict.fromkeys(distinct, error)
-            index = getattr(exc, "op_index", None)
-            if index is not None:
-                return self._without(roots, [op_node(roots, index)], error, execute)
-            if len(distinct) == 1:
-                return {}, {distinct[0]: error}
-            half = len(distinct) // 2
-            done, failed = self._run(distinct[:half], execute, first=False)
-            more_done, more_failed = self._run(distinct[half:], execute, first=False)
-            return done | more_done, failed | more_failed
-        return {r: Data(buf, r.aval) for r, buf in zip(distinct, outs)}, {}
-
-    def _donated(self, program, inputs: list) -> tuple:
-        """Positions of the input buffers no lane's storage holds (Note [Donation])."""
+    def donated(self, program, inputs: list) -> tuple:
+        """Step 3 of a flush (Note [Flush steps]): the positions of the input
+        buffers no lane's storage holds (Note [Donation])."""
         held = set().union(*(lane.graph.held_buffers() for lane in self.lanes.values()))
         kinds = program.input_kinds
         return tuple(
             i for i, (kind, buf) in enumerate(zip(kinds, inputs)) if isinstance(kind, Aval) and id(buf) not in held
         )
 
-    def _without(self, roots: list, culprits: list, error: BaseException, execute) -> tuple[dict, dict]:
-        """Fail the roots that reach ``culprits`` with ``error``; run the rest."""
-        reaching, others = split_roots(roots, culprits)
-        failed = dict.fromkeys(reaching, error)
-        if not others:
-            return {}, failed
-        done, more_failed = self._run(others, execute, first=False)
-        return done, failed | more_failed
+    def launch(self, program, inputs: list, donate: tuple, runner) -> tuple:
+        """Steps 4-6 of a flush (Note [Flush steps]): ``runner``
+        (``runtime.execute``) looks the program up in the program cache,
+        compiles it on a miss (lowering it with ``lower_program``; the compile
+        observers see it) and executes it on this device.
+
+        Returns:
+            The output buffers, in the order of the program's outputs.
+        """
+        return runner(
+            (program.key, donate, self.index),
+            lambda: lower_program(program),
+            inputs,
+            index=self.index,
+            blocking=MODE.current is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING,
+            donate=donate,
+            on_compile=lambda lowered: notify("compile", program, lowered),
+        )
 
 
 @attrs.frozen(slots=True)
@@ -465,37 +439,6 @@ def located(exc: BaseException, op: str, where: str | None) -> BaseException:
     if not where:
         return exc
     return type(exc)(f"{exc} ({op} recorded at {where})").with_traceback(None)
-
-
-def _program_error(exc: Exception, program) -> Exception:
-    """The error a user sees for a failed program (Note [Deferred failures]):
-    which op and the user's file:line that recorded it (a lowering failure),
-    else where the program's ops were recorded; ``torch.OutOfMemoryError``
-    with the sizes involved."""
-    from lazytpu.lowering import LoweringError
-
-    if isinstance(exc, LoweringError):
-        message = str(exc)  # names the op and its source (lowering/to_jax.py)
-    else:
-        message = f"{type(exc).__name__}: {exc}{_recorded_at(program)}"
-    if "RESOURCE_EXHAUSTED" in message or "out of memory" in message.lower():
-        inputs = sum(k.nbytes for k in program.input_kinds if isinstance(k, Aval))
-        outputs = sum(a.nbytes for a in program.output_avals)
-        return torch.OutOfMemoryError(
-            f"lazytpu: out of device memory running a program of {len(program.ops)} ops "
-            f"(inputs {inputs / 2**20:.1f} MiB, outputs {outputs / 2**20:.1f} MiB): {message}"
-        )
-    return RuntimeError(f"lazytpu: a deferred program failed: {message}")
-
-
-def _recorded_at(program, shown: int = 3) -> str:
-    """Where a failed program's ops were recorded, e.g. `` (ops recorded at
-    train.py:12, train.py:14 and 3 more places)``."""
-    places = list(dict.fromkeys(op.source for op in program.ops if op.source))
-    if not places:
-        return ""
-    more = f" and {len(places) - shown} more places" if len(places) > shown else ""
-    return f" (ops recorded at {', '.join(places[:shown])}{more})"
 
 
 class _ModeState:

@@ -135,16 +135,16 @@ def test_optimizer_step_is_a_sync_point():
 
 def _spy_outputs(monkeypatch) -> list:
     """The output shapes of every program built from now on."""
-    from lazytpu import engine
+    from lazytpu import engine_flush
 
-    shapes, build = [], engine.build_program
+    shapes, build = [], engine_flush.build_program
 
     def spy(roots):
         built = build(roots)
         shapes.append(sorted(tuple(a.shape) for a in built[0].output_avals))
         return built
 
-    monkeypatch.setattr(engine, "build_program", spy)
+    monkeypatch.setattr(engine_flush, "build_program", spy)
     return shapes
 
 

@@ -107,7 +107,13 @@ class PendingGraph:
         self.pending: list[weakref.ref] = []
         # Every storage (Note [Donation]); pruned at each sync.
         self.storages: list[weakref.ref] = []
-        self.pending_ops = 0
+        # Ops recorded in this graph, ever: the one count; the ops pending are those recorded
+        # since its last sync (``recorded_ops - synced_ops``), the ops the metrics do not have
+        # yet those recorded since the last fold (``- folded_ops``: DeviceContext.fold_metrics
+        # in lazytpu.engine).
+        self.recorded_ops = 0
+        self.synced_ops = 0
+        self.folded_ops = 0
 
     @property
     def rng(self) -> Data | Output | None:
@@ -117,6 +123,11 @@ class PendingGraph:
     @rng.setter
     def rng(self, value: Data | Output | None) -> None:
         self._random.value = value
+
+    @property
+    def pending_ops(self) -> int:
+        """The ops recorded since the last sync (the graph cap bounds them)."""
+        return self.recorded_ops - self.synced_ops
 
     def pending_storages(self) -> list[Storage]:
         """Live storages that hold pending values now, each once, in order."""
@@ -167,7 +178,7 @@ class PendingGraph:
         step, and compile a second program.
         """
         self.pending.clear()
-        self.pending_ops = 0
+        self.synced_ops = self.recorded_ops
 
     def settle(self, results: dict[Output, Data], failures: dict[Output, BaseException]) -> list:
         """Re-bind every pending value to its result, or to ``Failed`` with
@@ -189,7 +200,7 @@ class PendingGraph:
         self.pending.clear()
         if isinstance(self.rng, Output):
             self.rng = results.get(self.rng)
-        self.pending_ops = 0
+        self.synced_ops = self.recorded_ops
         return settled
 
     @staticmethod

@@ -27,6 +27,10 @@ class _ProgramCache:
     with ``_compile``), so its memory is released. Evictions are counted
     (``programs_evicted``); an evicted program needed again means the
     workload cycles over more programs than the bound: warned once.
+
+    Hits and evictions are counted here only (``cache_info``); the metrics'
+    ``cache_hits`` and ``programs_evicted`` are folded from these counts
+    (``fold``) at each snapshot.
     """
 
     def __init__(self) -> None:
@@ -36,19 +40,38 @@ class _ProgramCache:
         self.entries: dict = {}
         self.evicted: collections.OrderedDict = collections.OrderedDict()  # hashes of evicted keys
         self.tick = 0
+        # since the last clear; the metrics have those up to the marks (``fold``)
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        self.folded_hits = self.folded_evictions = 0
         self.warned = False
 
     def clear(self) -> None:
         with self.lock:
+            self._fold()
             self.entries.clear()
             self.evicted.clear()
             self.hits = self.misses = self.evictions = 0
+            self.folded_hits = self.folded_evictions = 0
             self.warned = False
 
+    def fold(self) -> None:
+        """Add the hits and evictions since the last fold to the metrics."""
+        with self.lock:
+            self._fold()
+
+    def _fold(self) -> None:
+        hits, self.folded_hits = self.hits - self.folded_hits, self.hits
+        evictions, self.folded_evictions = self.evictions - self.folded_evictions, self.evictions
+        if hits:
+            metrics.add("cache_hits", hits)
+        if evictions:
+            metrics.add("programs_evicted", evictions)
+
     def lookup(self, key):
+        """Step 4 of a flush, cached? (Note [Flush steps] in
+        lazytpu.engine_flush): the program compiled for ``key``, or None."""
         with self.lock:
             entry = self.entries.get(key)
             if entry is None:
@@ -75,8 +98,6 @@ class _ProgramCache:
             while len(self.evicted) > bound:
                 self.evicted.popitem(last=False)
             warn, self.warned = again and not self.warned, self.warned or again
-        if dropped:
-            metrics.add("programs_evicted", len(dropped))
         del dropped  # released here, outside the lock
         if warn:
             warnings.warn(
@@ -84,14 +105,18 @@ class _ProgramCache:
                 f"(LAZYTPU_PROGRAM_CACHE_SIZE={bound}) was needed again and compiled again: this workload "
                 "cycles over more distinct programs than the cache holds; a larger LAZYTPU_PROGRAM_CACHE_SIZE "
                 "saves these compiles (at a few MB of memory per program)",
-                stacklevel=5,
+                stacklevel=7,  # DeviceContext.flush: insert, compile_program, run_program, execute, launch, run
             )
 
 
 _CACHE = _caches.table("programs", _ProgramCache)
+metrics.register_folder(_CACHE.fold)
 
 
 def _compile(key, fn, inputs, index: int, donate: tuple, on_compile):
+    """Compile ``fn`` (a JAX function) for the device ``index``: ``jax.jit``
+    lowering, the ``on_compile`` observers, then XLA's compile or the
+    persistent cache."""
     start = time.perf_counter()
     sharding = SingleDeviceSharding(device(index))
     with warnings.catch_warnings():
@@ -129,14 +154,27 @@ def execute(
 
 def run_program(key, compile_fn, args: list, blocking: bool = False):
     """Run the cached program ``key`` on ``args``, compiling it with
-    ``compile_fn()`` on a miss (also the runner of ``distributed.ingraph``)."""
+    ``compile_fn()`` on a miss (also the runner of ``distributed.ingraph``):
+    steps 4-6 of a flush, cached?, compile, execute (Note [Flush steps] in
+    lazytpu.engine_flush)."""
     compiled = _CACHE.lookup(key)
     if compiled is None:
-        metrics.add("cache_misses")
-        compiled = compile_fn()
-        _CACHE.insert(key, compiled)
-    else:
-        metrics.add("cache_hits")
+        compiled = compile_program(key, compile_fn)
+    return run_compiled(compiled, args, blocking)
+
+
+def compile_program(key, compile_fn):
+    """Step 5 of a flush, compile (a miss of the program cache): the program
+    ``compile_fn()`` compiles, kept in the cache for ``key``."""
+    metrics.add("cache_misses")
+    compiled = compile_fn()
+    _CACHE.insert(key, compiled)
+    return compiled
+
+
+def run_compiled(compiled, args: list, blocking: bool = False):
+    """Step 6 of a flush, execute: dispatch ``compiled`` on ``args`` (its
+    outputs are still computing unless ``blocking``)."""
     start = time.perf_counter()
     outputs = compiled(*args)
     if blocking:

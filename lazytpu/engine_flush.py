@@ -1,0 +1,149 @@
+"""The steps of a flush, which ``DeviceContext.flush`` in lazytpu/engine.py runs.
+
+Note [Flush steps]: a flush of one lane (Note [Lanes] in lazytpu.engine) runs
+these steps in order, all under the device's lock:
+
+1. collect (``DeviceContext.collect``): the pending values that live tensors
+   of the lane still need (the roots, Note [Deterministic roots] in
+   lazytpu.ir.graph), and the runner of the program (``runtime.execute``, or
+   the runner of a program that holds a collective). A flush with no roots
+   stops here.
+2. key (``fusion.build_program``, called by ``run``): the roots as one
+   ``Program`` with a canonical key, and its input buffers.
+3. donate (``DeviceContext.donated``): the inputs no lane still holds
+   (Note [Donation]); part of the cache key.
+4. cached? (``runtime.executor.run_program``: ``_ProgramCache.lookup``): the
+   program compiled before for (key, donated inputs, device).
+5. compile, on a miss (``runtime.executor.compile_program``): aten ops ->
+   a JAX function (``lowering.lower_program``), ``jax.jit`` lowering, the
+   compile observers (Note [Engine observers] in lazytpu.engine), then XLA's
+   compile or the persistent cache.
+6. execute (``runtime.executor.run_compiled``): dispatch on the device;
+   steps 4-6 are ``DeviceContext.launch``, which hands the program to the
+   runner.
+7. rebind (``rebind``): each root's storage is bound to its result buffer,
+   or to ``Failed`` (Note [Deferred failures] in lazytpu.ir.node); the deferred
+   checks run and the value checks get the storages they guard.
+
+A failure in steps 2-6 fails only the roots that depend on it: ``run`` runs
+the others again, from step 2 (Note [Failure isolation] in
+lazytpu.fusion.program). The flush then raises the first error.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lazytpu import runtime
+from lazytpu.fusion import FailedInput, build_program, op_node, split_roots
+from lazytpu.ir import Aval, Data
+
+
+def run(ctx, roots: list, runner, first: bool = True) -> tuple[dict, dict]:
+    """Steps 2-6 for ``roots`` on the device of ``ctx`` (a
+    ``DeviceContext``): key, donate, cached?, compile, execute. On a
+    failure, run again what does not depend on the failing op (Note
+    [Failure isolation]); only the ``first`` attempt donates.
+
+    Returns:
+        ``{root: Data}`` for the values computed and ``{root: error}`` for
+        those that failed.
+    """
+    try:
+        program, inputs, distinct = build_program(roots)
+    except FailedInput as exc:
+        return without(ctx, roots, [exc.node], exc.error, runner)
+    # A retry donates nothing: a failed attempt may have left a donated input to a part
+    # that still needs it.
+    donate = ctx.donated(program, inputs) if first else ()
+    try:
+        outs = ctx.launch(program, inputs, donate, runner)
+    except Exception as exc:
+        error = _program_error(exc, program)
+        error.__cause__ = exc
+        if runner is not runtime.execute:  # another rank runs this program too: no retries
+            return {}, dict.fromkeys(distinct, error)
+        index = getattr(exc, "op_index", None)
+        if index is not None:
+            return without(ctx, roots, [op_node(roots, index)], error, runner)
+        if len(distinct) == 1:
+            return {}, {distinct[0]: error}
+        half = len(distinct) // 2
+        done, failed = run(ctx, distinct[:half], runner, first=False)
+        more_done, more_failed = run(ctx, distinct[half:], runner, first=False)
+        return done | more_done, failed | more_failed
+    return {r: Data(buf, r.aval) for r, buf in zip(distinct, outs)}, {}
+
+
+def without(ctx, roots: list, culprits: list, error: BaseException, runner) -> tuple[dict, dict]:
+    """Fail the roots that reach ``culprits`` with ``error``; ``run`` the rest."""
+    reaching, others = split_roots(roots, culprits)
+    failed = dict.fromkeys(reaching, error)
+    if not others:
+        return {}, failed
+    done, more_failed = run(ctx, others, runner, first=False)
+    return done, failed | more_failed
+
+
+def rebind(lane, roots: list, results: dict, failures: dict) -> list:
+    """Step 7: bind the storages of ``lane`` (a ``Lane``) that held ``roots``
+    to their ``results``, or to their ``failures``; then hand the lane's value
+    checks what they guard (Note [Value checks] in
+    lazytpu.frontend.checks.value_checks) and run its deferred checks (Note
+    [Deferred checks] in lazytpu.engine): a check that fails fails every value
+    that depends on its op.
+
+    Returns:
+        The errors the flush raises the first of: the program failures, each
+        once, then the failed checks'.
+    """
+    graph = lane.graph
+    checks, lane.checks = lane.checks, []
+    checks = [c for c in checks if not any(g in failures for g in c.guards)]  # nothing to check
+    guarded = [split_roots(list(results), [g.node for g in c.guards])[0] for c in checks]
+    settled = graph.settle(results, failures)
+    if lane.value_checks:
+        weak = graph.weakly(settled)
+        for pending in lane.value_checks:
+            pending.roots, pending.settled = roots, weak
+        lane.computed_checks += lane.value_checks
+        lane.value_checks = []
+    errors = list(dict.fromkeys(failures.values()))
+    for check, reaching in zip(checks, guarded):
+        error = check.error()
+        if error is not None:
+            errors.append(error)
+            failures.update(dict.fromkeys(reaching, error))
+            graph.fail_values(settled, failures)
+    return errors
+
+
+def _program_error(exc: Exception, program) -> Exception:
+    """The error a user sees for a failed program (Note [Deferred failures]):
+    which op and the user's file:line that recorded it (a lowering failure),
+    else where the program's ops were recorded; ``torch.OutOfMemoryError``
+    with the sizes involved."""
+    from lazytpu.lowering import LoweringError
+
+    if isinstance(exc, LoweringError):
+        message = str(exc)  # names the op and its source (lowering/to_jax.py)
+    else:
+        message = f"{type(exc).__name__}: {exc}{_recorded_at(program)}"
+    if "RESOURCE_EXHAUSTED" in message or "out of memory" in message.lower():
+        inputs = sum(k.nbytes for k in program.input_kinds if isinstance(k, Aval))
+        outputs = sum(a.nbytes for a in program.output_avals)
+        return torch.OutOfMemoryError(
+            f"lazytpu: out of device memory running a program of {len(program.ops)} ops "
+            f"(inputs {inputs / 2**20:.1f} MiB, outputs {outputs / 2**20:.1f} MiB): {message}"
+        )
+    return RuntimeError(f"lazytpu: a deferred program failed: {message}")
+
+
+def _recorded_at(program, shown: int = 3) -> str:
+    """Where a failed program's ops were recorded, e.g. `` (ops recorded at
+    train.py:12, train.py:14 and 3 more places)``."""
+    places = list(dict.fromkeys(op.source for op in program.ops if op.source))
+    if not places:
+        return ""
+    more = f" and {len(places) - shown} more places" if len(places) > shown else ""
+    return f" (ops recorded at {', '.join(places[:shown])}{more})"
