@@ -381,10 +381,15 @@ class DeviceContext:
                 if lane is not first and lane.graph.pending:
                     self.flush(reason, lane=lane)
 
-    def donated(self, program, inputs: list) -> tuple:
+    def donated(self, program, inputs: list, roots: list) -> tuple:
         """Step 3 of a flush (Note [Flush steps]): the positions of the input
-        buffers no lane's storage holds (Note [Donation])."""
-        held = set().union(*(lane.graph.held_buffers() for lane in self.lanes.values()))
+        buffers no lane's storage holds and no other lane's pending values
+        read (Note [Donation]); ``roots`` are the values this program computes."""
+        graphs = [lane.graph for lane in self.lanes.values()]
+        held = set().union(*(graph.held_buffers() for graph in graphs))
+        if len(graphs) > 1:
+            computed = set(roots)
+            held.update(*(graph.buffers_read_outside(computed) for graph in graphs))
         kinds = program.input_kinds
         return tuple(
             i for i, (kind, buf) in enumerate(zip(kinds, inputs)) if isinstance(kind, Aval) and id(buf) not in held

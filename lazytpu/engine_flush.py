@@ -55,7 +55,7 @@ def run(ctx, roots: list, runner, first: bool = True) -> tuple[dict, dict]:
         return without(ctx, roots, [exc.node], exc.error, runner)
     # A retry donates nothing: a failed attempt may have left a donated input to a part
     # that still needs it.
-    donate = ctx.donated(program, inputs) if first else ()
+    donate = ctx.donated(program, inputs, roots) if first else ()
     try:
         outs = ctx.launch(program, inputs, donate, runner)
     except Exception as exc:

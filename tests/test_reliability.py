@@ -136,6 +136,31 @@ def _train_own_model(seed: int, results: dict) -> None:
     results[seed] = (losses, [p.detach().cpu() for p in model.parameters()])
 
 
+def _in_a_thread(fn) -> None:
+    thread = threading.Thread(target=fn)
+    thread.start()
+    thread.join()
+
+
+def test_a_thread_flush_keeps_what_another_thread_still_reads():
+    """Another lane's flush donates no buffer that a pending value of this lane
+    still reads (Note [Donation]): the random key it advances, a buffer it
+    overwrites in place. Both failed with a deleted buffer."""
+    torch.manual_seed(0)
+    expected = (torch.randn(2, device="tpu") * 3).cpu()
+    torch.manual_seed(0)
+    w = torch.randn(2, device="tpu") * 3  # pending: reads the random key
+    _in_a_thread(lambda: torch.randn(2, device="tpu").cpu())  # its flush advances the key
+    torch.testing.assert_close(w.cpu(), expected, rtol=0, atol=0)
+
+    x = torch.arange(4.0, device="tpu") + 0
+    x.cpu()
+    y = x * 2  # pending: reads x's buffer
+    _in_a_thread(lambda: x.mul_(3).cpu())  # overwrites it in place, in another lane
+    torch.testing.assert_close(y.cpu(), torch.arange(4.0) * 2)
+    torch.testing.assert_close(x.cpu(), torch.arange(4.0) * 3)
+
+
 def test_threads_stay_apart():
     """Four threads training their own models (Note [Lanes]) get bitwise the results of running one after
     another, and compile what that compiles plus a small constant (before: 85 more compiles, results off by

@@ -162,11 +162,34 @@ class PendingGraph:
 
         Note [Donation]: a program input that no live storage holds any more
         (a parameter overwritten in place by this very program) is donated to
-        the program, so its memory is reused for the outputs.
+        the program, so its memory is reused for the outputs; unless another
+        lane's pending values still read it (``buffers_read_outside``: a
+        thread's pending random op reads the key another thread's flush
+        advances, or a buffer another thread overwrote in place).
         """
         held = {id(b) for b in self.live_buffers()}
         if isinstance(self.rng, Data):
             held.add(id(self.rng.buffer))
+        return held
+
+    def buffers_read_outside(self, computed) -> set[int]:
+        """ids of the device buffers that this graph's pending values read,
+        other than the values in ``computed`` (another lane's flush, Note
+        [Donation]): those buffers must not be donated, since this graph
+        will still read them."""
+        seen: set[int] = set()
+        held: set[int] = set()
+        todo = [root for root in self.roots() if root not in computed]
+        while todo:
+            node = todo.pop().node
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            for v in node.inputs:
+                if type(v) is Data:
+                    held.add(id(v.buffer))
+                elif type(v) is Output:
+                    todo.append(v)
         return held
 
     def forget_pending(self) -> None:
