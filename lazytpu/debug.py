@@ -137,7 +137,7 @@ _HISTORY = _caches.table("recompile_history", _History)
 _SHOWN = 4
 
 
-def _signature(program) -> tuple:
+def _op_names(program) -> tuple:
     return tuple(str(op.op) for op in program.ops)
 
 
@@ -165,7 +165,7 @@ def _first_user(program, slot: int):
 def _differences(old, new) -> list[tuple[str, str]]:
     """(reason, detail) pairs explaining how ``new`` differs from ``old``."""
     out = []
-    if _signature(old) == _signature(new):
+    if _op_names(old) == _op_names(new):
         elsewhere = {id(b) for a, b in zip(old.ops, new.ops) if a.spec != b.spec and _explained_elsewhere(b)}
         if len(old.input_kinds) != len(new.input_kinds):
             out.append(
@@ -197,7 +197,7 @@ def _differences(old, new) -> list[tuple[str, str]]:
         if not out and not elsewhere and old.outputs != new.outputs:
             out.append(("outputs changed", "a different set of live tensors was materialized"))
         return out
-    matcher = difflib.SequenceMatcher(a=_signature(old), b=_signature(new), autojunk=False)
+    matcher = difflib.SequenceMatcher(a=_op_names(old), b=_op_names(new), autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
             continue
@@ -218,9 +218,9 @@ def observe_compile(program, lowered) -> None:
         _HISTORY.count += 1
         number = _HISTORY.count
         best, best_score = None, 0.0
-        sig = _signature(program)
+        sig = _op_names(program)
         for n, old in reversed(_HISTORY.programs):
-            score = difflib.SequenceMatcher(a=_signature(old), b=sig, autojunk=False).quick_ratio()
+            score = difflib.SequenceMatcher(a=_op_names(old), b=sig, autojunk=False).quick_ratio()
             if score > best_score:
                 best, best_score = (n, old), score
             if score == 1.0:

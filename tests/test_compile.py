@@ -323,6 +323,8 @@ def test_new_shape_recompiles_once_and_is_explained(capsys):
 
 
 def test_dump_dir_gets_the_graph_code(tmp_path):
+    torch._dynamo.reset()
+    lazytpu.runtime.clear_caches()  # graphs another test compiled would not be dumped again
     fn = torch.compile(_double_then_sum, backend="tpu", dynamic=False)
     with _config.DUMP_DIR.override(str(tmp_path)):
         for n in (3, 3, 5):

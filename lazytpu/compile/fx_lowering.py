@@ -343,7 +343,7 @@ class GraphProgram:
 
     # -- calling -----------------------------------------------------------
 
-    def _signature(self, values: list, index: int) -> tuple[tuple, list]:
+    def _call_key(self, values: list, index: int) -> tuple[tuple, list]:
         """(signature parts, IR input values) of the call (Note [Graph signatures])."""
         parts, inputs = [], []
         for s in self.feed_sources:
@@ -405,7 +405,7 @@ class GraphProgram:
         bindings = self._bindings(values) if self.symbolic else {}
         graph = ctx.graph
         with graph.lock:
-            parts, inputs = self._signature(values, index)
+            parts, inputs = self._call_key(values, index)
             host = values[len(self.graph_inputs) :] if self._host_fn is not None else ()
             args.clear()
             del values  # (strict mode runs the node below: inputs nothing else holds are donated)

@@ -45,7 +45,7 @@ INDEX_OPS = frozenset(
 _MASKS = (torch.bool, torch.uint8)
 _INDEX_DTYPES = frozenset({torch.int64, torch.int32, torch.uint8, torch.bool})
 
-# Calls already checked that hold no mask, by their signature (``_signature``)
+# Calls already checked that hold no mask, by their signature (``_check_key``)
 _CHECKED = _caches.memo("indexing_checked")
 
 
@@ -53,7 +53,7 @@ def prepare_indexing(func, args, kwargs) -> tuple[tuple, object]:
     """``(args, None)``, the call's arguments to record (CPU indices moved,
     masks checked or expanded), or ``(args, out)`` when the op ran where its
     data is (Note [Advanced indexing])."""
-    key = _signature(func, args, kwargs)
+    key = _check_key(func, args, kwargs)
     if key in _CHECKED:  # the common case: one tuple and one set lookup
         return args, None
     self = args[0]
@@ -93,7 +93,7 @@ def _remember(key) -> None:
         _CHECKED.add(key)
 
 
-def _signature(func, args, kwargs) -> tuple | None:
+def _check_key(func, args, kwargs) -> tuple | None:
     """What decides the checks of a call: the op, its tensors' interned
     descriptions and its flags; None for a call with a CPU tensor (never cached)."""
     parts = [func, args[0]._lt_desc]
