@@ -144,3 +144,18 @@ def test_recording_memos_stay_bounded_over_many_shapes(bound, small_memos):
         assert small_memos[name].forgotten > 0, name
     _index_put_accumulate(1)  # long forgotten
     assert runtime.cache_info()["entries"] == 4
+
+
+def test_jax_caches_are_cleared_once_per_bound_evictions(bound, monkeypatch):
+    """JAX's own per-shape caches go with every ``bound`` evicted programs
+    (Note [Program cache bound]); a workload that evicts nothing keeps them."""
+    import jax
+
+    cleared = []
+    monkeypatch.setattr(jax, "clear_caches", lambda: cleared.append(True))
+    bound(3)
+    _compiles(401, 402, 403, 401, 402)
+    assert cleared == []
+    assert _compiles(*range(404, 411)) == 7  # 7 evictions: two multiples of 3
+    assert len(cleared) == 2
+    torch.testing.assert_close((torch.arange(4.0, device="tpu") * 2).cpu(), torch.arange(4.0) * 2)
