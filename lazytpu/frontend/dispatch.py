@@ -91,10 +91,8 @@ def route(func) -> Route:
 
 
 def _route(func) -> Route:
-    chosen = _after_handlers(func)
     handler = HANDLERS.get(func)
-    if handler is not None:
-        chosen = Route("handler", handler)
+    chosen = Route("handler", handler) if handler is not None else _after_handlers(func)
     if func in INDEX_OPS:  # Note [Advanced indexing]: checked and prepared first
         chosen = _indexing(chosen)
     return chosen
