@@ -145,7 +145,7 @@ class DeviceContext:
         self.index = index
         self.lock = threading.RLock()
         self.random = RandomCell()
-        self.main = Lane(PendingGraph(self.lock, self.random), None)
+        self.main = Lane(PendingGraph(self.lock, self.random, index), None)
         self.lanes: dict[int, Lane] = {id(self.main.graph): self.main}  # by id of their graph
         self._local = threading.local()
         self.seed = DEFAULT_SEED
@@ -160,7 +160,7 @@ class DeviceContext:
                 lane = self.main  # a thread torch started (autograd's) borrows lanes: see lane_for
             else:
                 with self.lock:
-                    lane = Lane(PendingGraph(self.lock, self.random), thread)
+                    lane = Lane(PendingGraph(self.lock, self.random, self.index), thread)
                     self.fold_metrics()  # the ops of the idle lanes dropped here stay counted
                     self.lanes = {k: v for k, v in self.lanes.items() if not v.idle()}
                     self.lanes[id(lane.graph)] = lane

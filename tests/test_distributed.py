@@ -733,6 +733,14 @@ def _section_devices(rank, world):
         y = (x * 2 + 1).sum(0)
         assert y.device == torch.device("tpu", index)
         assert_close(y.cpu(), (torch.arange(6.0).reshape(2, 3) * 2 + 1).sum(0))
+    # a tensor's device is its storage's (Note [Device index]): ``.data`` from another device moves it,
+    # and a view taken before stays on the old storage's device
+    t = torch.zeros(3, device="tpu:1")
+    v = t[1:]
+    t.data = torch.ones(3, device="tpu:7")
+    assert t.device == (t + 1).device == torch.device("tpu", 7) and v.device == (v + 1).device == torch.device("tpu", 1)
+    assert_close((t + 1).cpu(), torch.full((3,), 2.0))
+    assert_close((v + 1).cpu(), torch.ones(2))
 
 
 def _section_local_mesh(rank, world):

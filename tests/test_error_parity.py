@@ -291,11 +291,11 @@ def test_kernel_check_leaves_cpu_generator():
 def test_dim_check_once_per_call_signature(monkeypatch):
     """The dim check runs the CPU kernel on stand-ins when a call signature is
     first planned, never again for it (Note [Dim checks]): not on the hot path."""
-    from lazytpu.frontend.checks import scalars
+    from lazytpu.frontend.checks import kernel_checks
 
     runs = []
-    cpu_error = scalars.cpu_error
-    monkeypatch.setattr(scalars, "cpu_error", lambda *a: runs.append(a) or cpu_error(*a))
+    cpu_error = kernel_checks.cpu_error
+    monkeypatch.setattr(kernel_checks, "cpu_error", lambda *a: runs.append(a) or cpu_error(*a))
     x = _t(2, 7, 3).to("tpu")
     x.sort(dim=1, descending=True)
     first = len(runs)

@@ -353,11 +353,11 @@ class GraphProgram:
                 storage = v._lt_storage
                 value = storage.value  # pending or not: the graph is a node of the pending graph
                 inputs.append(value)
-                window = v._lt_window
-                if window is None:  # the desc's aval is interned: the signature compares by identity
-                    parts.append(("buffer", v._lt_desc.aval))
+                d = v._lt_desc
+                if not v._lt_windowed:  # the desc's aval is interned: the signature compares by identity
+                    parts.append(("buffer", d.aval))
                 else:
-                    parts.append(("view", value.aval, storage.stride, window, view_dtype(v)))
+                    parts.append(("view", value.aval, storage.stride, (d.shape, d.stride, d.offset), view_dtype(v)))
             elif isinstance(v, torch.Tensor):
                 kind = _HOST_SCALARS.get(v.dtype) if v.dim() == 0 else None
                 if kind is not None:  # e.g. an optimizer's step count: no transfer (Note [Host scalars])
@@ -396,7 +396,7 @@ class GraphProgram:
         if STEPS_DUE:
             run_due_steps()  # Note [Step boundary] in engine
         values = args if not self.constants else [*args, *self.constants]
-        index = next((v._lt_index for v in values if type(v) is LazyTensor), 0)
+        index = next((v._lt_storage.graph.index for v in values if type(v) is LazyTensor), 0)
         ctx = context(index)
         passthrough = [args[o[1]] for o in self.outputs if o[0] == "input"]
         targets = [args[m[0]] for m in self.mutated]
@@ -425,14 +425,14 @@ class GraphProgram:
                 graph.rng = Output(node, len(plan.out_avals) - 1)
             descs = plan.descs
             made = [
-                LazyTensor(Storage(Output(node, k), graph, descs[k].stride), descs[k], index, True)
+                LazyTensor(Storage(Output(node, k), graph, descs[k].stride), descs[k], True)
                 for k in range(self.made_outputs)
             ]
             copies = []
             for t, (_, k, on_host) in zip(targets, self.mutated):
                 if on_host:
                     copies.append((t, new_tensor_of(Output(node, k), descs[k], index)))
-                elif t._lt_window is None:
+                elif not t._lt_windowed:
                     t._lt_storage.bind(Output(node, k), graph)  # write_value's fast path
                 else:
                     write_value(t, Output(node, k))

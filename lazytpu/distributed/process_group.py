@@ -57,7 +57,7 @@ def device_arrays(tensors) -> list[jax.Array]:
     """The current values of tpu ``tensors`` as device arrays of their shapes
     (flushing their devices' pending programs when needed)."""
     with torch.no_grad():
-        bases = [t if t._lt_window is None else t.clone(memory_format=torch.contiguous_format) for t in tensors]
+        bases = [t if not t._lt_windowed else t.clone(memory_format=torch.contiguous_format) for t in tensors]
     for t in bases:
         if isinstance(t._lt_storage.value, Output):  # its lane's program (Note [Lanes])
             ctx = context(t.device.index or 0)

@@ -41,11 +41,11 @@ def to_cpu(t, reason: str = "cpu") -> torch.Tensor:
     (Note [Views as strides]): reading a view needs no device program.
     """
     base = _host_base(t, reason)
-    if t._lt_window is None and t.is_contiguous():
+    if not t._lt_windowed and t.is_contiguous():
         return base.reshape(t.shape)
     view = _host_memory(t, base).as_strided(t.shape, t.stride(), t.storage_offset())
     if is_non_overlapping_and_dense(view):
-        return view.clone(memory_format=torch.preserve_format) if t._lt_window is not None else view
+        return view.clone(memory_format=torch.preserve_format) if t._lt_windowed else view
     return view.contiguous()
 
 
@@ -170,7 +170,7 @@ def load_into(dst, src: torch.Tensor) -> bool:
         return False
     memory = src.untyped_storage()
     loaded = getattr(memory, "_lazytpu_loaded", None)
-    if loaded is None or src.is_conj() or src.is_neg() or dst._lt_window is not None:
+    if loaded is None or src.is_conj() or src.is_neg() or dst._lt_windowed:
         return False
     if dst.dtype is not src.dtype or dst.shape != src.shape:
         return False

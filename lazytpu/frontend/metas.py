@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 
 from lazytpu import _caches
-from lazytpu.frontend.tensor import LazyTensor, is_tpu_device
+from lazytpu.frontend.checks.probe import run_on
+from lazytpu.frontend.tensor import LazyTensor
 from lazytpu.ir import Scalar
-from lazytpu.ir.template import fill
 
 aten = torch.ops.aten
 
@@ -144,23 +144,3 @@ def infer_meta(func, template, values):
         raise MetaUnavailable(f"{type(meta_exc).__name__}: {meta_exc}") from None
     _META_MEMO[key] = out
     return out
-
-
-def run_on(func, template, values, device: str):
-    def convert(v):
-        if type(v) is Scalar:
-            return v.value
-        if type(v) is LazyTensor:  # same window on a storage of the same size
-            storage = new(v._lt_desc.storage_numel, dtype=v.dtype, device=device)
-            return storage.as_strided(v.shape, v.stride(), v.storage_offset())
-        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device).zero_()
-
-    # zeros on CPU: an error must not depend on what uninitialized memory holds
-    # (a mask's count, a class index out of range)
-    new = torch.zeros if device == "cpu" else torch.empty
-
-    args, kwargs = fill(template, [convert(v) for v in values])
-    if is_tpu_device(kwargs.get("device")):
-        kwargs["device"] = device
-    with torch.no_grad():
-        return func(*args, **kwargs)

@@ -21,7 +21,8 @@ from lazytpu.engine import RNG_AVAL, context
 from lazytpu.frontend import hostio, schema
 from lazytpu.frontend.checks import scalars, value_checks
 from lazytpu.frontend.checks.kernel_checks import check_kernel_dtypes
-from lazytpu.frontend.metas import MetaUnavailable, infer_meta, run_on, value_key
+from lazytpu.frontend.checks.probe import run_on
+from lazytpu.frontend.metas import MetaUnavailable, infer_meta, value_key
 from lazytpu.frontend.tensor import LazyTensor, describe
 from lazytpu.frontend.windows import contiguous_strides, new_tensor_of, read
 from lazytpu.ir import Failed, Node, Output, Scalar, Storage
@@ -147,11 +148,11 @@ def device_index(values) -> int:
     for v in values:
         if type(v) is LazyTensor:
             if index is None:
-                index = v._lt_index
-            elif v._lt_index != index:
+                index = v._lt_storage.graph.index
+            elif v._lt_storage.graph.index != index:
                 raise RuntimeError(
                     "Expected all tensors to be on the same device, but found at least two devices, "
-                    f"tpu:{index} and tpu:{v._lt_index}!"
+                    f"tpu:{index} and tpu:{v._lt_storage.graph.index}!"
                 )
     return 0 if index is None else index
 
@@ -310,7 +311,7 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: b
                     lane = ctx.lane_for(v._lt_storage, lane, first)
                 first = False
         inputs = [
-            (v._lt_storage.value if v._lt_window is None else read(v))
+            (v._lt_storage.value if not v._lt_windowed else read(v))
             if type(v) is LazyTensor
             else _input_value(v, index)
             for v in values
@@ -327,7 +328,7 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: b
             ctx.recorded(node)
             return into
         graph = lane.graph  # new_tensor_of, inlined: this is the per-op path
-        outs = [LazyTensor(Storage(Output(node, i), graph, d.stride), d, index, True) for i, d in enumerate(plan.descs)]
+        outs = [LazyTensor(Storage(Output(node, i), graph, d.stride), d, True) for i, d in enumerate(plan.descs)]
         ctx.recorded(node, flush)
     return plan.pack(outs)
 

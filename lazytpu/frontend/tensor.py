@@ -101,7 +101,7 @@ def describe(shape, stride, offset: int, storage_numel: int, dtype: torch.dtype)
 
 # The instance attributes that make up a LazyTensor's value (the rest of its
 # ``__dict__`` is the user's, or torch's ``_is_param`` mark).
-REPRESENTATION = ("_lt_storage", "_lt_desc", "_lt_index", "_lt_window", "_lt_cache")
+REPRESENTATION = ("_lt_storage", "_lt_desc", "_lt_windowed", "_lt_cache")
 _NOT_USER_STATE = frozenset(REPRESENTATION) | {"_is_param"}
 _TENSOR_DATA = torch._C.TensorBase.data
 
@@ -115,26 +115,25 @@ def user_state(t: torch.Tensor) -> dict:
 class LazyTensor(torch.Tensor):
     """A tensor on the ``tpu`` device whose value may still be pending."""
 
-    _lt_storage: object  # the shared Storage (Note [Storage])
+    _lt_storage: object  # the shared Storage (Note [Storage]); its graph's ``index`` is the device's
     _lt_desc: TensorDesc
-    _lt_index: int = 0  # device index
-    _lt_window: tuple | None = None  # (size, stride, offset) when not the storage's base layout
+    _lt_windowed: bool = False  # whether ``_lt_desc`` is a window on the storage, not its base layout
     _lt_cache: tuple | None = None  # (storage value, value read through the window)
 
     @staticmethod
-    def __new__(cls, storage, desc: TensorDesc, index: int = 0, is_base: bool | None = None):
+    def __new__(cls, storage, desc: TensorDesc, is_base: bool | None = None):
+        # Note [Device index]: a tensor's device is its storage's: the index is kept
+        # once, by the storage's graph (one per device and thread), and read from there
         t = torch.Tensor._make_wrapper_subclass(
             cls,
             desc.shape,
             strides=desc.stride,
             dtype=desc.dtype,
-            device=tpu_device(index),
+            device=tpu_device(storage.graph.index),
             storage_offset=desc.offset,
         )
         t._lt_storage = storage
         t._lt_desc = desc
-        if index:
-            t._lt_index = index
         if is_base is None:
             aval = storage.value.aval  # a view of another dtype is never the base (Note [Dtype views])
             is_base = (
@@ -144,7 +143,7 @@ class LazyTensor(torch.Tensor):
                 and (desc.dtype is aval.dtype or desc.dtype is torch.complex32)
             )
         if not is_base:
-            t._lt_window = (desc.shape, desc.stride, desc.offset)
+            t._lt_windowed = True
         return t
 
     __torch_function__ = torch._C._disabled_torch_function_impl

@@ -36,13 +36,13 @@ def new_tensor(value, shape, stride, dtype, index: int) -> LazyTensor:
 
 def new_tensor_of(value, desc: TensorDesc, index: int) -> LazyTensor:
     """A tensor of ``desc`` (a base layout) owning a fresh storage of ``value``."""
-    return LazyTensor(Storage(value, context(index).graph, desc.stride), desc, index, True)
+    return LazyTensor(Storage(value, context(index).graph, desc.stride), desc, True)
 
 
 def view_of(base: LazyTensor, shape, stride, offset: int) -> LazyTensor:
     """A new tensor sharing ``base``'s storage through another window."""
     desc = describe(shape, stride, offset, base._lt_desc.storage_numel, base.dtype)
-    return LazyTensor(base._lt_storage, desc, base.device.index or 0)
+    return LazyTensor(base._lt_storage, desc)
 
 
 def view_dtype(t: LazyTensor):
@@ -54,9 +54,9 @@ def view_dtype(t: LazyTensor):
 
 
 def _window_kwargs(t: LazyTensor) -> tuple:
-    size, stride, offset = t._lt_window
+    d = t._lt_desc
     dtype = view_dtype(t)
-    kwargs = (("base_stride", t._lt_storage.stride), ("offset", offset), ("size", size), ("stride", stride))
+    kwargs = (("base_stride", t._lt_storage.stride), ("offset", d.offset), ("size", d.shape), ("stride", d.stride))
     return kwargs if dtype is None else (kwargs[0], ("dtype", dtype), *kwargs[1:])
 
 
@@ -69,12 +69,12 @@ def read(t: LazyTensor):
     """The IR value of ``t`` now (pending or materialized)."""
     storage = t._lt_storage
     base = storage.value
-    if t._lt_window is None:
+    if not t._lt_windowed:
         return base
     cache = t._lt_cache
     if cache is not None and cache[0] is base:
         return cache[1]
-    ctx = context(t.device.index or 0)
+    ctx = context(t._lt_storage.graph.index)
     with ctx.graph.lock:
         node = _node(VIEW_READ, (base,), _window_kwargs(t), Aval(tuple(t.shape), t.dtype))
         value = Output(node, 0)
@@ -90,8 +90,8 @@ def write(t: LazyTensor, src: LazyTensor) -> None:
     if src.shape != t.shape:
         src = torch.ops.aten.expand.default(src, list(t.shape))
     write_value(t, read(src))
-    if t._lt_window is not None:
-        context(t.device.index or 0).flush_if_due()
+    if t._lt_windowed:
+        context(t._lt_storage.graph.index).flush_if_due()
 
 
 def write_value(t: LazyTensor, value) -> None:
@@ -101,16 +101,15 @@ def write_value(t: LazyTensor, value) -> None:
     (``recorded``; Note [Donation]).
     """
     storage = t._lt_storage
-    ctx = context(t.device.index or 0)
-    if t._lt_window is None:
+    ctx = context(t._lt_storage.graph.index)
+    if not t._lt_windowed:
         storage.bind(value, ctx.graph)
         return
     with ctx.lock:
         node = _node(VIEW_WRITE, (storage.value, value), _window_kwargs(t), storage.value.aval)
         storage.bind(Output(node, 0), ctx.graph)
-        size, stride, _ = t._lt_window
         # a window sharing locations reads back what the write resolved, not ``value`` (Note [Overlapping writes])
-        t._lt_cache = None if overlaps_itself(size, stride) else (storage.value, value)
+        t._lt_cache = None if overlaps_itself(t._lt_desc.shape, t._lt_desc.stride) else (storage.value, value)
         ctx.recorded(node, flush=False)
 
 
@@ -121,5 +120,5 @@ def rebind_metadata(t: LazyTensor, fresh: LazyTensor) -> None:
         t.data = fresh
     t._lt_storage = fresh._lt_storage
     t._lt_desc = fresh._lt_desc
-    t._lt_window = fresh._lt_window
+    t._lt_windowed = fresh._lt_windowed
     t._lt_cache = None

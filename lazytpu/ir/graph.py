@@ -97,9 +97,11 @@ class PendingGraph:
     per-op path); dead ones are skipped and pruned at each sync.
     """
 
-    def __init__(self, lock=None, random=None) -> None:
+    def __init__(self, lock=None, random=None, index: int = 0) -> None:
         # a device's graphs (one per thread: Note [Lanes] in lazytpu.engine) share its lock and
-        # its random state (an object with a ``value``)
+        # its random state (an object with a ``value``); ``index``: the device's, the one place a
+        # tensor's device index is kept (its storage's graph: Note [Device index])
+        self.index = index
         self.lock = lock if lock is not None else threading.RLock()
         self._random = random if random is not None else RandomCell()
         # Storages that became pending since the last sync, in order

@@ -19,6 +19,7 @@ from lazytpu import _config
 from lazytpu.engine import DeferredCheck, context, located
 from lazytpu.frontend import hostio
 from lazytpu.frontend.checks import value_checks
+from lazytpu.frontend.checks.probe import run_on, split
 from lazytpu.frontend.checks.value_checks import HOST_CHECKED
 from lazytpu.frontend.metas import MetaUnavailable
 from lazytpu.frontend.record import handles, record
@@ -82,11 +83,10 @@ def _check_later(func, args, kwargs, out) -> None:
             return hostio.to_cpu(t)
         return torch.zeros((), dtype=t.dtype).expand(t.shape)  # no data, no memory
 
+    template, snapshots = split(snap_args, snap_kwargs)
+
     def check():
-        cpu_args = _map(snap_args, stand_in)
-        cpu_kwargs = {k: _map(v, stand_in) for k, v in snap_kwargs.items()}
-        with torch.no_grad():
-            func(*cpu_args, **cpu_kwargs)
+        run_on(func, template, snapshots, "cpu", stand_in)
 
     indices: list = []
     _map((snap_args, list(snap_kwargs.values())), lambda t: indices.append(t) if _is_index(t) else None)

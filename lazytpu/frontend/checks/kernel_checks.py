@@ -7,7 +7,7 @@ import re
 
 import torch
 
-from lazytpu.frontend.checks import scalars
+from lazytpu.frontend.checks.probe import cpu_error
 from lazytpu.ir import Scalar
 
 # Errors of CPU kernels that meta kernels do not raise, and that do not
@@ -343,8 +343,8 @@ def check_kernel_dtypes(func, template, values) -> None:
     elements (``_CHECKED``); kernels that check sizes before the dtype
     (pooling, upsampling, convolution, grid_sample) get real shapes with a
     batch of 0 or 1 after one element fails their size checks (``_SHAPED``).
-    Random ops draw on their stand-ins: the CPU generator's state is restored
-    after. The same stand-ins check the dims of ``_DIM_CHECKED`` families
+    Random ops draw on their stand-ins (the probe restores the CPU generator).
+    The same stand-ins check the dims of ``_DIM_CHECKED`` families
     (Note [Dim checks]) and the index dtypes of ``_INDEX_CHECKED`` ones.
     ``make dtype-sweep`` lists the ops still missing (``tests/dtype_sweep.py``):
     403 cases before the one-element and shaped stand-ins, none after."""
@@ -370,8 +370,7 @@ def check_kernel_dtypes(func, template, values) -> None:
         if count > _SHAPED_LIMIT:
             continue
         by_id = {id(v): _stand_in(s, v.dtype, index) for v, s in zip(tensors, made, strict=True)}
-        with torch.random.fork_rng(devices=[]):
-            error = scalars.cpu_error(kernel, template, values, lambda v: by_id[id(v)])  # noqa: B023
+        error = cpu_error(kernel, template, values, lambda v: by_id[id(v)])  # noqa: B023
         if error is not None and (exact or _KERNEL_ERRORS.search(error[1])):
             raise error[0](error[1].replace("_cpu", "_tpu")) from None
         if error is None and count:

@@ -34,9 +34,11 @@ def check_overlap(func, args, kwargs, written: LazyTensor) -> None:
     error = _OVERLAP_CHECKS.get(key, False)
     if error is False:
         error = cpu_probe(func, args, kwargs)
-        if not (isinstance(error, RuntimeError) and str(error).startswith("unsupported operation:")):
+        if error is not None and not (
+            issubclass(error[0], RuntimeError) and error[1].startswith("unsupported operation:")
+        ):
             error = None
         if not overlapping:
             _OVERLAP_CHECKS[key] = error
     if error is not None:
-        raise RuntimeError(str(error))
+        raise RuntimeError(error[1])

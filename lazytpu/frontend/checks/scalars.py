@@ -17,27 +17,8 @@ import re
 
 import torch
 
-from lazytpu.frontend.tensor import is_tpu_device
+from lazytpu.frontend.checks.probe import cpu_error
 from lazytpu.ir import Scalar
-from lazytpu.ir.template import fill
-
-
-def cpu_error(func, template, values, stand_in) -> tuple[type, str] | None:
-    """The type and message of what ``func`` raises on CPU with
-    ``stand_in(t)`` for each tensor value (lifted scalars as they are), or
-    None. Not the exception itself: its traceback would hold the caller's
-    frames, and with them the recorded tensors, until a garbage collection
-    (they would stay live, and be program outputs, at the next sync)."""
-    args, kwargs = fill(template, [v.value if type(v) is Scalar else stand_in(v) for v in values])
-    if is_tpu_device(kwargs.get("device")):
-        kwargs["device"] = "cpu"
-    try:
-        with torch.no_grad():
-            func(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - the callers choose what to re-raise
-        return type(exc), str(exc)
-    return None
-
 
 # Ops that take a Python number as an operand, whose CPU kernels check it
 # against the dtype it meets (Note [Python integers wrap] in _dtypes).

@@ -38,9 +38,10 @@ import torch
 
 from lazytpu import _config
 from lazytpu._registry import Registry
+from lazytpu.frontend.checks.probe import run_on
 from lazytpu.ir import Aval, Data, Node, Output, Storage
 from lazytpu.ir.node import op_sig
-from lazytpu.ir.template import Slot, Template, fill
+from lazytpu.ir.template import Slot, Template
 from lazytpu.lowering.checks import VALUE_CHECK
 
 aten = torch.ops.aten
@@ -119,16 +120,15 @@ class ValuePlan:
             bad if i == check.leaf else (torch.zeros((), dtype=s[1]).expand(s[0]) if type(s) is tuple else s)
             for i, s in enumerate(self.stand_ins)
         ]
-        args, kwargs = fill(self.template, leaves)
-        state = torch.random.get_rng_state()
         try:
-            with torch.no_grad():
-                self.func(*args, **kwargs)
+            run_on(self.func, self.template, leaves, "cpu", stand_in=_as_it_is)
         except Exception as exc:  # noqa: BLE001 - torch's own error is what we want
             return exc
-        finally:
-            torch.random.set_rng_state(state)
         return RuntimeError(f"{self.func}: value {value} at position {position} is not valid")
+
+
+def _as_it_is(leaf):
+    return leaf
 
 
 def _one_bad(shape, dtype, check: Check, position: int, value) -> torch.Tensor:

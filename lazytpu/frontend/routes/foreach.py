@@ -277,7 +277,7 @@ def _record(batch: _Batch, values: list):
         for r in batch.recipe:
             v = values[r]
             if type(v) is LazyTensor:
-                inputs.append(v._lt_storage.value if v._lt_window is None else read(v))
+                inputs.append(v._lt_storage.value if not v._lt_windowed else read(v))
             else:
                 inputs.append(Scalar(v))
         node = Node(op, spec, tuple(inputs), out_avals, location(3), batch.sig)
@@ -291,8 +291,7 @@ def _record(batch: _Batch, values: list):
             graph = ctx.graph
             for plan in batch.plans:
                 outs = [
-                    LazyTensor(Storage(Output(node, k + i), graph, d.stride), d, index, True)
-                    for i, d in enumerate(plan.descs)
+                    LazyTensor(Storage(Output(node, k + i), graph, d.stride), d, True) for i, d in enumerate(plan.descs)
                 ]
                 results.append(plan.pack(outs))
                 k += len(plan.descs)

@@ -55,7 +55,7 @@ def _index_of(device) -> int:
 def to_device(src: LazyTensor, index: int) -> LazyTensor:
     """A copy of ``src`` on ``tpu:index`` (a sync of ``src``'s device: the
     value moves between devices as a buffer, not inside a program)."""
-    if src._lt_window is not None:
+    if src._lt_windowed:
         src = src.clone(memory_format=torch.contiguous_format)
     if isinstance(src._lt_storage.value, Output):
         ctx = context(src.device.index or 0)
@@ -141,7 +141,7 @@ def as_strided_scatter(func, args, kwargs):
     offset = x.storage_offset() if offset is None else offset
     n = x._lt_desc.storage_numel
     check_in_bounds(call["size"], call["stride"], offset, x.dtype.itemsize, storage_nbytes(x))
-    if x._lt_window is None and x.is_contiguous():
+    if not x._lt_windowed and x.is_contiguous():
         return record(func, (x, *args[1:]), kwargs, get_rule(func))
     check_with_meta(func, args, kwargs)  # torch's error on src's size
     whole = aten.clone.default(view_of(x, (n,), (1,), 0))

@@ -101,7 +101,7 @@ def run_inplace(func, functional, args, kwargs):
         check_overlap(func, args, kwargs, self)
     known = ROUTES.get(functional)
     rule = known.rule if known is not None and known.kind == "recorded" else None
-    if rule is not None and type(self) is LazyTensor and self._lt_window is None:
+    if rule is not None and type(self) is LazyTensor and not self._lt_windowed:
         call_args, call_kwargs = functional_args(func, functional, args, kwargs)
         try:
             result = record(functional, call_args, call_kwargs, rule, into=self)
@@ -131,11 +131,11 @@ def _check_out_dtypes(func, args, kwargs) -> None:
     key, _ = plan_key(func, args, kwargs)
     if key not in _OUT_DTYPES_CHECKED:
         error = cpu_probe(func, args, kwargs)
-        ok = error is None or not isinstance(error, (RuntimeError, TypeError))
-        _OUT_DTYPES_CHECKED[key] = None if ok or not _OUT_DTYPE_ERRORS.search(str(error)) else error
+        ok = error is None or not issubclass(error[0], (RuntimeError, TypeError))
+        _OUT_DTYPES_CHECKED[key] = None if ok or not _OUT_DTYPE_ERRORS.search(error[1]) else error
     error = _OUT_DTYPES_CHECKED[key]
     if error is not None:
-        raise type(error)(str(error)) from None
+        raise error[0](error[1]) from None
 
 
 def _has_tensor(x) -> bool:

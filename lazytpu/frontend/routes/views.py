@@ -34,10 +34,10 @@ def run_view(func, args, kwargs):
     if plan is False:
         return None
     descs, container = plan
-    storage, index = src._lt_storage, src._lt_index
+    storage = src._lt_storage
     if container is None:
-        return LazyTensor(storage, descs[0], index)
-    return container(LazyTensor(storage, d, index) for d in descs)
+        return LazyTensor(storage, descs[0])
+    return container(LazyTensor(storage, d) for d in descs)
 
 
 def _make_view_plan(func, args, kwargs, src):
