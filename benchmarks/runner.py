@@ -223,6 +223,8 @@ class JaxCase(Case):
 
     def setup(self) -> None:
         factory = W.WORKLOADS[self.workload][0]
+        if self.workload not in J.BUILDERS:
+            raise NotApplicable("no hand-written JAX version of this workload")
         self.jw = J.BUILDERS[self.workload](factory("cpu", **self.kwargs).init_state)
         self.step = self.jw.step
 

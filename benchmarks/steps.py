@@ -1,59 +1,210 @@
-"""Host cost of one steady-state defer step, per workload (issue 5).
+"""Where the host time of a training step goes, per workload (issues 5, 21).
 
-    python -m benchmarks.steps [--workloads mlp_b32,transformer] [--steps 40]
+    python -m benchmarks.steps [--workloads llama,gpt2,bert] [--steps 30] [--mode defer]
 
-For each training workload in defer mode: the main thread's CPU time per
-step (``time.thread_time()`` around ``step()`` and the ``.item()`` that waits
-for it: XLA runs the program on its own threads, which this does not count),
-recorded nodes and programs per step. What the host spends is what defer
-adds to the program's own time; the hand-written ``jax.jit`` step spends
-almost none.
+For each training workload on ``tpu`` (``--mode``: defer or strict), two
+measured runs of ``--steps`` steady-state steps, each step with the
+``.item()`` of its loss:
+
+1. **Plain**: CPU time per step of every thread of the process, from
+   ``/proc/self/task/*/schedstat`` (nanoseconds), grouped as ``main`` (the
+   Python thread that runs the step), ``autograd`` (torch's device threads,
+   which run the backward ops) and ``xla`` (XLA's own threads: on XLA:CPU
+   they run the programs, the "device" work). ``host/op`` is the CPU of the
+   main and autograd threads per recorded op, ``all/op`` the CPU of every
+   thread per recorded op (issue 21's measure).
+2. **Phased** (instrumented; its timers cost about 1 µs an op, so it is not the
+   headline): the host threads' CPU split into ``record`` (lazytpu's
+   dispatch of an op that is not a view: resolve, plan, record), ``views``
+   (a view op's dispatch), ``sync`` (``DeviceContext.flush``: collect, key,
+   compile if new, dispatch the program, rebind; and the wait for it) and
+   ``torch`` (the rest: the module's and the optimizer's Python, autograd,
+   torch's dispatcher up to ``__torch_dispatch__``). Also the LazyTensor
+   wrappers made per step.
+
+The columns are per step (medians over steps for the plain run).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
+import threading
 import time
 
 import torch
 
 import lazytpu
 from benchmarks.workloads import WORKLOADS
+from lazytpu import engine
+from lazytpu.frontend import record as lazy_record
+from lazytpu.frontend import tensor as lazy_tensor
 
-TRAINING = ("mlp_b32", "mlp_b256", "chain", "transformer")
+_thread_ns = time.thread_time_ns
+TRAINING = ("mlp_b32", "transformer", "llama", "gpt2", "bert")
+_VIEW_KINDS = frozenset({"view", "inplace_view"})
 
 
-def measure(name: str, steps: int, warmup: int = 5) -> dict:
+# -- per-thread CPU time -----------------------------------------------------
+
+
+def thread_cpu() -> dict[str, int]:
+    """CPU nanoseconds so far of this process's threads, by group (main, autograd, xla)."""
+    main = str(threading.main_thread().native_id)
+    out = {"main": 0, "autograd": 0, "xla": 0}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile
+        group = "main" if tid == main else "xla" if name.startswith(("tf_", "XLA", "xla")) else "autograd"
+        out[group] += ns
+    return out
+
+
+def _diff(after: dict, before: dict) -> dict:
+    return {k: after[k] - before[k] for k in after}
+
+
+# -- the phased run's timers -----------------------------------------------------
+
+
+class Phases:
+    """Exclusive thread-CPU time by phase, summed over threads (nested
+    phases are subtracted from the phase around them)."""
+
+    def __init__(self) -> None:
+        self.ns = {"record": 0, "views": 0, "sync": 0}
+        self.wrappers = 0
+        self._local = threading.local()
+
+    def timed(self, name: str, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)``, its thread CPU counted to ``name`` less that of the phases inside it."""
+        stack = self._local.__dict__.setdefault("stack", [])
+        stack.append(0)
+        start = _thread_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent = _thread_ns() - start
+            self.ns[name] += spent - stack.pop()
+            if stack:
+                stack[-1] += spent
+
+    @contextlib.contextmanager
+    def installed(self):
+        """Time lazytpu's dispatch and flush and count wrappers, for the ``with`` block."""
+        phases = self
+        dispatch = lazy_tensor.BACKEND.dispatch
+        flush = engine.DeviceContext.flush
+        new = lazy_tensor.LazyTensor.__new__
+
+        def timed_dispatch(func, args, kwargs):
+            known = lazy_record.ROUTES.get(func)
+            kind = "views" if known is not None and known.kind in _VIEW_KINDS else "record"
+            return phases.timed(kind, dispatch, func, args, kwargs)
+
+        def timed_flush(ctx, *args, **kwargs):
+            return phases.timed("sync", flush, ctx, *args, **kwargs)
+
+        def counted_new(cls, *args, **kwargs):
+            phases.wrappers += 1
+            return new(cls, *args, **kwargs)
+
+        lazy_tensor.install(dispatch=timed_dispatch)
+        engine.DeviceContext.flush = timed_flush
+        lazy_tensor.LazyTensor.__new__ = staticmethod(counted_new)
+        try:
+            yield
+        finally:
+            lazy_tensor.install(dispatch=dispatch)
+            engine.DeviceContext.flush = flush
+            lazy_tensor.LazyTensor.__new__ = staticmethod(new)
+
+
+# -- one workload ------------------------------------------------------------------
+
+
+def measure(name: str, steps: int, warmup: int = 5, mode: str = "defer") -> dict:
+    """The plain and the phased run of workload ``name`` (see the module docstring)."""
     factory, kwargs, _ = WORKLOADS[name]
-    workload = factory("tpu", **kwargs)
-    for _ in range(warmup):
-        workload.step().item()
-    lazytpu.metrics.reset()
-    times = []
-    for _ in range(steps):
-        start = time.thread_time()
-        workload.step().item()
-        times.append(time.thread_time() - start)
-    snap = lazytpu.metrics.snapshot()
+    with torch.tpu.set_eager_mode(mode):
+        workload = factory("tpu", **kwargs)
+        for _ in range(warmup):
+            workload.step().item()
+        lazytpu.metrics.reset()
+        per_step: dict[str, list] = {"main": [], "autograd": [], "xla": [], "wall": []}
+        for _ in range(steps):
+            before, start = thread_cpu(), time.perf_counter()
+            workload.step().item()
+            spent, wall = _diff(thread_cpu(), before), time.perf_counter() - start
+            for k, v in spent.items():
+                per_step[k].append(v / 1e6)
+            per_step["wall"].append(wall * 1e3)
+        snap = lazytpu.metrics.snapshot()
+        phases = Phases()
+        phased: dict[str, list] = {"host": [], "record": [], "views": [], "sync": []}
+        with phases.installed():
+            for _ in range(steps):
+                before, ns = thread_cpu(), dict(phases.ns)
+                workload.step().item()
+                spent = _diff(thread_cpu(), before)
+                phased["host"].append((spent["main"] + spent["autograd"]) / 1e6)
+                for k in ns:
+                    phased[k].append((phases.ns[k] - ns[k]) / 1e6)
+    ops = snap["ops_recorded"] / steps
+    med = {k: statistics.median(v) for k, v in per_step.items()}
+    host = med["main"] + med["autograd"]
+    split = {k: statistics.median(phased[k]) for k in ("record", "views", "sync")}
+    phased_host_ms = statistics.median(phased["host"])
+    split["torch"] = phased_host_ms - sum(split.values())
     return {
         "workload": name,
-        "host_cpu_ms": statistics.median(times) * 1e3,
-        "nodes_per_step": snap["ops_recorded"] / steps,
+        "mode": mode,
+        "wall_ms": med["wall"],
+        "cpu_ms": {"main": med["main"], "autograd": med["autograd"], "xla": med["xla"]},
+        "ops_per_step": ops,
         "programs_per_step": snap["programs_executed"] / steps,
+        "host_us_per_op": host * 1e3 / ops if ops else float("nan"),
+        "all_us_per_op": (host + med["xla"]) * 1e3 / ops if ops else float("nan"),
+        "phased_host_ms": phased_host_ms,
+        "phases_ms": split,
+        "wrappers_per_step": phases.wrappers / steps,
     }
+
+
+HEADER = (
+    f"{'workload':<12} {'wall':>7} {'main':>7} {'autogr':>7} {'xla':>7} {'ops':>5} {'progs':>5}"
+    f" {'host/op':>8} {'all/op':>7} | {'phased':>7} {'torch':>7} {'record':>7} {'views':>6} {'sync':>7} {'wraps':>6}"
+)
+
+
+def format_row(r: dict) -> str:
+    c, p = r["cpu_ms"], r["phases_ms"]
+    return (
+        f"{r['workload']:<12} {r['wall_ms']:>7.2f} {c['main']:>7.2f} {c['autograd']:>7.2f} {c['xla']:>7.2f}"
+        f" {r['ops_per_step']:>5.0f} {r['programs_per_step']:>5.1f} {r['host_us_per_op']:>6.1f}us"
+        f" {r['all_us_per_op']:>5.1f}us | {r['phased_host_ms']:>7.2f} {p['torch']:>7.2f} {p['record']:>7.2f}"
+        f" {p['views']:>6.2f} {p['sync']:>7.2f} {r['wrappers_per_step']:>6.0f}"
+    )
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default=",".join(TRAINING))
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--mode", default="defer", choices=("defer", "strict"))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    print(f"{'workload':<12} {'host CPU/step':>14} {'nodes/step':>11} {'programs/step':>14}")
+    print(f"{args.mode} steps, ms per step (CPU by thread group; phases of the instrumented run), µs per recorded op")
+    print(HEADER)
     for name in args.workloads.split(","):
-        r = measure(name, args.steps)
-        print(f"{name:<12} {r['host_cpu_ms']:>11.2f} ms {r['nodes_per_step']:>11.0f} {r['programs_per_step']:>14.1f}")
+        print(format_row(measure(name, args.steps, mode=args.mode)), flush=True)
 
 
 if __name__ == "__main__":

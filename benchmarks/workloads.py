@@ -52,6 +52,27 @@ def _cpu_state(module: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
+def _optimizer_step(loss_of: Callable, inputs: tuple, opt) -> tuple[Callable, Callable]:
+    """A training step (zero_grad, ``loss_of(*inputs)``, backward, ``opt.step()``) and its
+    ``compile(compiler, optimizer=False)`` (the ``Workload.compile`` contract)."""
+    fn = [loss_of]
+    opt_step = [opt.step]
+
+    def step() -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = fn[0](*inputs)
+        loss.backward()
+        opt_step[0]()
+        return loss.detach()
+
+    def compile_(compiler: Callable, optimizer: bool = False) -> None:
+        fn[0] = compiler(loss_of)
+        if optimizer:
+            opt_step[0] = compiler(opt.step)
+
+    return step, compile_
+
+
 # ---------------------------------------------------------------------------
 # (a) MLP 784-1024-1024-10, SGD
 # ---------------------------------------------------------------------------
@@ -202,22 +223,67 @@ def transformer(device: str, batch: int = 8, **sizes) -> Workload:
         logits = model(a)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), b.reshape(-1))
 
-    fn = [loss_of]
-    opt_step = [opt.step]
-
-    def step() -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
-        loss = fn[0](inp, tgt)
-        loss.backward()
-        opt_step[0]()
-        return loss.detach()
-
-    def compile_(compiler: Callable, optimizer: bool = False) -> None:
-        fn[0] = compiler(loss_of)
-        if optimizer:
-            opt_step[0] = compiler(opt.step)
-
+    step, compile_ = _optimizer_step(loss_of, (inp, tgt), opt)
     return Workload("transformer", step, init, model, compile_)
+
+
+# ---------------------------------------------------------------------------
+# (e) transformers models: what users train (issue 21)
+# ---------------------------------------------------------------------------
+# Small configs of three families, random weights, dropout 0 (every variant
+# computes the same numbers): a training step with AdamW, the loss read every step.
+HF_DEFAULTS = dict(vocab=256, width=128, layers=2, heads=4, seq=32, ff=256)
+HF_FAMILIES = ("llama", "gpt2", "bert")
+
+
+def _hf_config(family: str, cfg: dict):
+    import transformers
+
+    v, w, n, h, ff = cfg["vocab"], cfg["width"], cfg["layers"], cfg["heads"], cfg["ff"]
+    if family == "llama":
+        return transformers.LlamaConfig(
+            vocab_size=v, hidden_size=w, intermediate_size=ff, num_hidden_layers=n, num_attention_heads=h,
+            num_key_value_heads=max(1, h // 2), max_position_embeddings=max(64, cfg["seq"]),
+        )  # fmt: skip
+    if family == "gpt2":
+        return transformers.GPT2Config(
+            vocab_size=v, n_embd=w, n_inner=ff, n_layer=n, n_head=h, n_positions=max(64, cfg["seq"]),
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        )  # fmt: skip
+    return transformers.BertConfig(
+        vocab_size=v, hidden_size=w, intermediate_size=ff, num_hidden_layers=n, num_attention_heads=h,
+        max_position_embeddings=max(64, cfg["seq"]), hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+
+
+def hf_model(device: str, family: str = "llama", batch: int = 4, **sizes) -> Workload:
+    """(e) A training step of a small ``transformers`` model (``family``: llama
+    and gpt2 causal LM, bert masked LM on every token) with ``AdamW``."""
+    import transformers
+
+    cfg = {**HF_DEFAULTS, **sizes}
+    config = _hf_config(family, cfg)
+    torch.manual_seed(SEED)
+    if family == "bert":
+        model = transformers.BertForMaskedLM(config)
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    model.train()
+    init = _cpu_state(model)
+    gen = torch.Generator().manual_seed(SEED + 4)
+    ids_cpu = torch.randint(0, cfg["vocab"], (batch, cfg["seq"]), generator=gen)
+    init.update(input_ids=ids_cpu.clone(), config=cfg)
+    model = model.to(device)
+    ids = ids_cpu.to(device)
+    opt = torch.optim.AdamW(model.parameters(), **ADAMW)
+
+    no_cache = {} if family == "bert" else {"use_cache": False}  # training keeps no KV cache
+
+    def loss_of(a):
+        return model(input_ids=a, labels=a, **no_cache).loss
+
+    step, compile_ = _optimizer_step(loss_of, (ids,), opt)
+    return Workload(family, step, init, model, compile_)
 
 
 # ---------------------------------------------------------------------------
@@ -238,6 +304,7 @@ SMALL_SIZES: dict[str, dict] = {
     "mlp_b256": dict(batch=8, sizes=(16, 32, 32, 4)),
     "chain": dict(n=32),
     "transformer": dict(batch=2, vocab=16, width=16, heads=2, layers=2, seq=8, ff=32),
+    **{f: dict(family=f, batch=2, vocab=32, width=16, heads=2, layers=1, seq=8, ff=32) for f in HF_FAMILIES},
 }
 
 # The workloads the suite times, by table name: (factory, kwargs, description).
@@ -246,4 +313,7 @@ WORKLOADS: dict[str, tuple[Callable[..., Workload], dict, str]] = {
     "mlp_b256": (mlp, dict(batch=256), "(a) MLP 784-1024-1024-10 training step, batch 256, SGD"),
     "chain": (elementwise_chain, dict(n=1024), "(b) 20 pointwise ops + layer_norm on 1024x1024, fwd+bwd"),
     "transformer": (transformer, dict(batch=8), "(c) decoder-only transformer 2x128, 4 heads, seq 64, batch 8, AdamW"),
+    "llama": (hf_model, dict(family="llama"), "(e) transformers Llama 2x128, 4 heads (2 KV), seq 32, batch 4, AdamW"),
+    "gpt2": (hf_model, dict(family="gpt2"), "(e) transformers GPT-2 2x128, 4 heads, seq 32, batch 4, AdamW"),
+    "bert": (hf_model, dict(family="bert"), "(e) transformers BERT masked LM 2x128, 4 heads, seq 32, batch 4, AdamW"),
 }

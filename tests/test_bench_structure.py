@@ -58,6 +58,41 @@ def test_defer_step_is_one_program_without_recompiles_or_fallbacks(name):
     assert jw.jitted._cache_size() == 1
 
 
+@pytest.mark.parametrize("name", W.HF_FAMILIES)
+def test_transformers_steps_match_cpu_without_recompiles_or_fallbacks(name):
+    """The ``llama``, ``gpt2`` and ``bert`` workloads (issue 21): CPU torch's losses on tpu, no CPU
+    fallback, nothing compiled in steady state. Their forward reads one value on the host
+    (transformers' mask code asks whether the batch is packed, or padded: a sync), so a step is one
+    program for each such read plus the step's own."""
+    cpu = _build(name, "cpu")
+    with torch.tpu.set_eager_mode("defer"):
+        tpu = _build(name, "tpu")
+        for _ in range(WARMUP):
+            assert tpu.step().item() == pytest.approx(cpu.step().item(), rel=1e-4, abs=1e-5)
+        lazytpu.metrics.reset()
+        for _ in range(STEPS):
+            tpu.step().item()
+        snap = lazytpu.metrics.snapshot()
+    assert snap["cpu_fallbacks"] == {}, f"CPU fallbacks: {snap['cpu_fallbacks']}"
+    assert snap["programs_compiled"] == 0, "recompiled in steady state"
+    reads = snap["syncs"].get("item", 0)  # the host reads inside the forward (the step's ends in optimizer_step)
+    assert snap["programs_executed"] == STEPS + reads and reads <= STEPS, snap["syncs"]
+
+
+def test_steps_entry_point_smoke():
+    """``python -m benchmarks.steps`` reports a step's host CPU by thread group and by phase."""
+    cmd = [sys.executable, "-m", "benchmarks.steps", "--workloads", "mlp_b32", "--steps", "3"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    header = next(line.split() for line in proc.stdout.splitlines() if line.startswith("workload"))
+    row = next(line.split() for line in proc.stdout.splitlines() if line.startswith("mlp_b32"))
+    values = dict(zip([h for h in header if h != "|"], [v for v in row if v != "|"], strict=True))
+    assert float(values["ops"]) > 0 and float(values["progs"]) == 1.0
+    assert float(values["host/op"].removesuffix("us")) > 0 and float(values["wraps"]) > 0
+    phases = [float(values[k]) for k in ("torch", "record", "views", "sync")]
+    assert all(p >= 0 for p in phases[1:]) and sum(phases) == pytest.approx(float(values["phased"]), abs=0.05)
+
+
 def test_recording_hits_the_cache():
     x = torch.randn(16).to("tpu")
     with torch.tpu.set_eager_mode("defer"):
