@@ -26,7 +26,7 @@ from lazytpu.fusion import split_roots
 from lazytpu.ir import Aval, Data, Node, Output, PendingGraph
 from lazytpu.ir.graph import RandomCell
 from lazytpu.ir.source import source_text
-from lazytpu.lowering import lower_program
+from lazytpu.lowering import lower_program, program_args
 from lazytpu.runtime.platform import ForkState, check_not_forked
 
 DEFAULT_SEED = 67280421310721  # torch's default CPU seed
@@ -404,13 +404,14 @@ class DeviceContext:
         Returns:
             The output buffers, in the order of the program's outputs.
         """
+        args, donated = program_args(program, inputs, donate)  # Note [Packed scalars]
         return runner(
             (program.key, donate, self.index),
             lambda: lower_program(program),
-            inputs,
+            args,
             index=self.index,
             blocking=MODE.current is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING,
-            donate=donate,
+            donate=donated,
             on_compile=lambda lowered: notify("compile", program, lowered),
         )
 

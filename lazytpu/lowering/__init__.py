@@ -29,6 +29,6 @@ from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
     upsample,
 )
 from lazytpu.lowering.registry import get_rule, lowering, registered_ops
-from lazytpu.lowering.to_jax import LoweringError, apply_op, lower_program
+from lazytpu.lowering.to_jax import LoweringError, apply_op, lower_program, program_args
 
-__all__ = ["LoweringError", "apply_op", "get_rule", "lower_program", "lowering", "registered_ops"]
+__all__ = ["LoweringError", "apply_op", "get_rule", "lower_program", "lowering", "program_args", "registered_ops"]

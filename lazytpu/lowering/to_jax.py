@@ -6,7 +6,9 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
+from jax._src.lax.lax import _convert_element_type
 
 from lazytpu import _dtypes
 from lazytpu.ir.foreach_node import ForeachOp
@@ -68,8 +70,62 @@ def _apply_foreach(op, spec, in_values: list, out_avals) -> tuple:
     return tuple(outs)
 
 
+# Note [Packed scalars]: a program's lifted scalars (Note [Scalar lifting] in
+# lazytpu.ir.node) reach it as one array per kind (float64, int64,
+# complex128), after its buffers, not one argument each: JAX converts and
+# transfers every Python-number argument at every call (about 2 µs each on
+# XLA:CPU; on an accelerator, a transfer each), and XLA compiles a program
+# with hundreds of scalar parameters more slowly. Inside the program each
+# element becomes the weakly typed scalar a Python number traces to, so the
+# rules see what they saw before. ``program_args`` packs a call's inputs.
+_PACKED = {float: np.float64, int: np.int64, complex: np.complex128}
+
+
+def _layout(kinds: tuple) -> tuple[list[int], list[tuple[type, list[int]]]]:
+    """The input positions of the buffers, and of the scalars of each kind (in _PACKED's order)."""
+    buffers = [i for i, k in enumerate(kinds) if k not in _PACKED]
+    scalars = [(kind, [i for i, k in enumerate(kinds) if k is kind]) for kind in _PACKED]
+    return buffers, [(kind, positions) for kind, positions in scalars if positions]
+
+
+def program_args(program, inputs: list, donate: tuple) -> tuple[list, tuple]:
+    """The arguments of ``lower_program(program)`` for a call's ``inputs``
+    (buffers and Python numbers in input order), and the positions among
+    them of the donated buffers ``donate`` (input positions)."""
+    buffers, scalars = _layout(program.input_kinds)
+    if not scalars:
+        return inputs, donate
+    args = [inputs[i] for i in buffers]
+    args += [np.array([inputs[i] for i in positions], dtype=_PACKED[kind]) for kind, positions in scalars]
+    if donate:
+        position = {i: j for j, i in enumerate(buffers)}
+        donate = tuple(position[i] for i in donate)
+    return args, donate
+
+
 def lower_program(program) -> Callable:
-    """A function ``f(*inputs) -> tuple(outputs)`` computing ``program``."""
+    """A function ``f(*args) -> tuple(outputs)`` computing ``program``: its
+    buffers, then its scalars packed (Note [Packed scalars]; ``program_args``)."""
+    run = _lower_unpacked(program)
+    buffers, scalars = _layout(program.input_kinds)
+    if not scalars:
+        return run
+    n = len(program.input_kinds)
+
+    def packed(*args):
+        inputs: list = [None] * n
+        for i, a in zip(buffers, args):
+            inputs[i] = a
+        for (_, positions), vector in zip(scalars, args[len(buffers) :]):
+            for j, i in enumerate(positions):
+                inputs[i] = _convert_element_type(vector[j], weak_type=True)
+        return run(*inputs)
+
+    return packed
+
+
+def _lower_unpacked(program) -> Callable:
+    """A function ``f(*inputs) -> tuple(outputs)`` computing ``program`` (inputs in input order)."""
     ops = program.ops
     outputs = program.outputs
 
