@@ -31,6 +31,8 @@ RATIOS = {
     "defer/tpu_compile": ("defer", "tpu_compile"),  # > 1: the compiled step beats defer
     "ideal/jax": ("ideal", "jax"),  # torch.compile's own host work + the jax.jit program: tpu_compile/jax's ceiling
     "tpu_compile/ideal": ("tpu_compile", "ideal"),  # what lazytpu adds over a backend that costs nothing
+    "defer/cpu": ("defer", "cpu"),  # <= 1.5 on the transformers workloads (issue 21)
+    "tpu_compile/cpu": ("tpu_compile", "cpu"),  # <= 1: the compiled step at or below CPU eager (issue 21)
 }
 
 # (ratio or metric, workload, comparison, bound, description)
@@ -50,6 +52,15 @@ TARGETS = [
     ("defer/tpu_compile", "mlp_b32", ">", 1.0, "torch.compile tpu faster than defer on (a) batch 32"),
     ("defer/tpu_compile", "mlp_b256", ">", 1.0, "torch.compile tpu faster than defer on (a) batch 256"),
     ("defer/tpu_compile", "transformer", ">", 1.0, "torch.compile tpu faster than defer on (c)"),
+    # issue 21, item 2: the host path of users' steps
+    *[("defer/cpu", w, "<=", 1.5, f"defer <= 1.5x CPU eager on {w}") for w in ("llama", "gpt2", "bert")],
+    ("strict/defer", "llama", ">=", 1.5, "defer >= 1.5x faster than strict on llama"),
+    *[
+        ("strict/defer", w, ">=", 1.0, f"defer never slower than strict on {w}")
+        for w in ("mlp_b256", "chain", "gpt2", "bert")
+    ],
+    ("defer/jax", "transformer", "<=", 1.5, "defer within 1.5x of jax.jit on (c) (issue 21)"),
+    ("tpu_compile/cpu", "llama", "<=", 1.0, "torch.compile tpu at or below CPU eager on llama"),
 ]
 # The same issue-8 targets on the pipelined measurement (Note [Pipelined steady state] in runner.py):
 # N steps per wait, so the host records a step while the device runs the one before.
