@@ -5,6 +5,7 @@ range and moments, reproduce under ``torch.manual_seed`` and never fall back.
 from __future__ import annotations
 
 import collections
+import re
 
 import hypothesis
 import hypothesis.strategies as st
@@ -102,6 +103,23 @@ def test_arange_matches_cpu(start, end, step, dtype, eager_mode):
 @pytest.mark.parametrize("args", [(5,), (2, 7), (0,), (3.5,), (1, 2, 0.3)], ids=str)
 def test_arange_overloads_match_cpu(args, eager_mode):
     compare_factory(lambda d: torch.arange(*args, device=d), eager_mode)
+
+
+def test_arange_is_one_recorded_op_of_torchs_dtype():
+    """``torch.arange(..., device="tpu")`` records one op, not torch's empty, ``arange.out``,
+    resize and copy; an int and a float bound of the same value give torch's two dtypes
+    whichever comes first, and bad arguments raise CPU torch's errors."""
+    for args in ((5.0,), (5,), (0, 5.0), (0, 5), (0, 5, 1.0), (0, 5, 1)):
+        lazytpu.metrics.reset()
+        got = torch.arange(*args, device="tpu")
+        assert lazytpu.metrics.snapshot()["ops_recorded"] == 1, args
+        want = torch.arange(*args)
+        assert got.dtype == want.dtype and torch.equal(got.cpu(), want), args
+    for bad in ((0, 10, 0), (10, 0, 1), (0, float("inf"))):
+        with pytest.raises(RuntimeError) as cpu:
+            torch.arange(*bad)
+        with pytest.raises(RuntimeError, match=re.escape(str(cpu.value))):
+            torch.arange(*bad, device="tpu")
 
 
 @pytest.mark.parametrize("args", [(3,), (2, 4), (0,), (3, 0)], ids=str)
