@@ -147,12 +147,13 @@ def device_index(values) -> int:
     index = None
     for v in values:
         if type(v) is LazyTensor:
+            i = v._lt_storage.graph.index
             if index is None:
-                index = v._lt_storage.graph.index
-            elif v._lt_storage.graph.index != index:
+                index = i
+            elif i != index:
                 raise RuntimeError(
                     "Expected all tensors to be on the same device, but found at least two devices, "
-                    f"tpu:{index} and tpu:{v._lt_storage.graph.index}!"
+                    f"tpu:{index} and tpu:{i}!"
                 )
     return 0 if index is None else index
 

@@ -74,7 +74,7 @@ def read(t: LazyTensor):
     cache = t._lt_cache
     if cache is not None and cache[0] is base:
         return cache[1]
-    ctx = context(t._lt_storage.graph.index)
+    ctx = context(storage.graph.index)
     with ctx.graph.lock:
         node = _node(VIEW_READ, (base,), _window_kwargs(t), Aval(tuple(t.shape), t.dtype))
         value = Output(node, 0)
@@ -101,7 +101,7 @@ def write_value(t: LazyTensor, value) -> None:
     (``recorded``; Note [Donation]).
     """
     storage = t._lt_storage
-    ctx = context(t._lt_storage.graph.index)
+    ctx = context(storage.graph.index)
     if not t._lt_windowed:
         storage.bind(value, ctx.graph)
         return

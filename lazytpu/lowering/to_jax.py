@@ -82,10 +82,16 @@ _PACKED = {float: np.float64, int: np.int64, complex: np.complex128}
 
 
 def _layout(kinds: tuple) -> tuple[list[int], list[tuple[type, list[int]]]]:
-    """The input positions of the buffers, and of the scalars of each kind (in _PACKED's order)."""
-    buffers = [i for i, k in enumerate(kinds) if k not in _PACKED]
-    scalars = [(kind, [i for i, k in enumerate(kinds) if k is kind]) for kind in _PACKED]
-    return buffers, [(kind, positions) for kind, positions in scalars if positions]
+    """The input positions of the buffers, and of the scalars of each kind (in _PACKED's order).
+    One pass, by identity: a buffer's kind is an Aval, whose hash a dict lookup would compute."""
+    buffers: list[int] = []
+    scalars: dict[type, list[int]] = {}
+    for i, k in enumerate(kinds):
+        if k is float or k is int or k is complex:
+            scalars.setdefault(k, []).append(i)
+        else:
+            buffers.append(i)
+    return buffers, [(kind, scalars[kind]) for kind in _PACKED if kind in scalars]
 
 
 def program_args(program, inputs: list, donate: tuple) -> tuple[list, tuple]:
