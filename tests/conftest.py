@@ -126,6 +126,27 @@ def programs_run(fn) -> int:
     return lazytpu.metrics.snapshot()["programs_executed"] - before
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """dynamo's caches, lazytpu's compiled graphs and the metrics cleared around a test."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    lazytpu.compile.clear()
+    lazytpu.metrics.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def programs_compiled(fn, *args) -> tuple:
+    """(how many programs ``fn(*args)`` compiled, its result), synced before and after."""
+    lazytpu.sync()
+    before = lazytpu.metrics.snapshot()["programs_compiled"]
+    out = fn(*args)
+    lazytpu.sync()
+    return lazytpu.metrics.snapshot()["programs_compiled"] - before, out
+
+
 @pytest.fixture(params=MODES)
 def eager_mode(request):
     """Parametrize a test over defer and strict mode."""

@@ -11,29 +11,13 @@ import pytest
 import torch
 import torch._dynamo
 import torch.nn.functional as F
-from conftest import assert_close
+from conftest import assert_close, programs_compiled
 
 import lazytpu
 from lazytpu import _config
 from lazytpu.lowering import get_rule
 
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    lazytpu.compile.clear()
-    lazytpu.metrics.reset()
-    yield
-    torch._dynamo.reset()
-
-
-def _compiled(fn, *args):
-    """(how many programs ``fn(*args)`` compiled, its result)."""
-    lazytpu.sync()
-    before = lazytpu.metrics.snapshot()["programs_compiled"]
-    out = fn(*args)
-    lazytpu.sync()
-    return lazytpu.metrics.snapshot()["programs_compiled"] - before, out
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _train_step(model, opt, x, y, loss_fn):
@@ -71,7 +55,7 @@ def _compare_training(make_model, x, y, loss_fn, make_opt, steps: int = 3):
     xt, yt = x.to("tpu"), y.to("tpu")
     for i in range(steps):
         expected = _train_step(ref, ref_opt, x, y, loss_fn)
-        compiled, loss = _compiled(step, dev, dev_opt, xt, yt, loss_fn)
+        compiled, loss = programs_compiled(step, dev, dev_opt, xt, yt, loss_fn)
         assert_close(loss.cpu(), expected, rtol=1e-5, atol=1e-5)
         for name, value in ref.state_dict().items():
             assert_close(dev.state_dict()[name].cpu(), value, rtol=1e-5, atol=1e-5)
@@ -221,7 +205,7 @@ def test_graph_break_runs_eager_parts():
     expected = _with_break(x)
     xt = x.to("tpu")
     assert_close(fn(xt).cpu(), expected)
-    compiled, out = _compiled(fn, xt)
+    compiled, out = programs_compiled(fn, xt)
     assert compiled == 0
     assert_close(out.cpu(), expected)
     assert_close(fn(-xt).cpu(), _with_break(-x))  # the other branch
@@ -278,7 +262,7 @@ def test_cpu_tensors_stay_on_the_host():
     fn = torch.compile(_decay, backend="tpu")
     for i in range(3):
         expected = _decay(x, step)
-        compiled, (out, on_host) = _compiled(fn, x.to("tpu"), dev_step)
+        compiled, (out, on_host) = programs_compiled(fn, x.to("tpu"), dev_step)
         if i == 2:
             assert compiled == 0  # the counter is a lifted scalar (Note [Host scalars]): a new value compiles nothing
         assert out.device.type == "tpu" and on_host.device.type == "cpu" and dev_step.device.type == "cpu"
@@ -308,13 +292,13 @@ def _double_then_sum(x):
 def test_new_shape_recompiles_once_and_is_explained(capsys):
     fn = torch.compile(_double_then_sum, backend="tpu", dynamic=False)
     a, b = torch.randn(3, 4).to("tpu"), torch.randn(5, 4).to("tpu")
-    assert _compiled(fn, a)[0] == 1
-    assert _compiled(fn, a)[0] == 0
+    assert programs_compiled(fn, a)[0] == 1
+    assert programs_compiled(fn, a)[0] == 0
     lazytpu.metrics.reset()
     with _config.DEBUG.override(frozenset({"recompile"})):
-        assert _compiled(fn, b)[0] == 1
+        assert programs_compiled(fn, b)[0] == 1
     assert "new input shapes" in capsys.readouterr().err
-    assert _compiled(fn, b)[0] == 0
+    assert programs_compiled(fn, b)[0] == 0
     # (once: the fused program holding the graph is not explained again, tests/test_compile_recompile.py)
     assert lazytpu.metrics.snapshot()["recompile_reasons"] == {"guard failure / new input shapes": 1}
     (text,) = lazytpu.compile.explain()

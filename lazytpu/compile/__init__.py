@@ -19,6 +19,7 @@ Importing this package is cheap: the backends are registered when
 
 from __future__ import annotations
 
+from lazytpu.compile import constants  # noqa: F401  (registers lift_fresh's handler: Note [Lifting tpu constants])
 from lazytpu.compile._dynamo_hooks import install_when_dynamo_loads
 from lazytpu.compile.explain import clear, explain
 

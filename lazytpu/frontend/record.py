@@ -124,11 +124,18 @@ def lift(func, args, kwargs):
 
 def pick(leaf):
     if isinstance(leaf, torch.Tensor):
-        if type(leaf) is not LazyTensor and leaf.dim() != 0:
-            raise RuntimeError(
-                f"Expected all tensors to be on the same device, but found at least two devices, "
-                f"tpu:0 and {leaf.device}!"
-            )
+        if type(leaf) is not LazyTensor:
+            if leaf.device.type == "tpu":  # a FakeTensor met a real tpu tensor: no device mix to name
+                raise RuntimeError(
+                    f"lazytpu: a real tpu tensor met a {type(leaf).__name__} on {leaf.device}, which only a "
+                    "tracing mode can compute with; under a FakeTensorMode make every tensor inside the mode "
+                    "or convert it with the mode's from_tensor"
+                )
+            if leaf.dim() != 0:
+                raise RuntimeError(
+                    f"Expected all tensors to be on the same device, but found at least two devices, "
+                    f"tpu:0 and {leaf.device}!"
+                )
         return leaf
     if type(leaf) is Scalar:
         return leaf
