@@ -9,7 +9,8 @@ blocks (10 steps, then a wait) and keeps the step programs lazytpu compiled
 and ran in the last block. There are two: the program of the steps whose
 gradients the loop dropped before it was dispatched, and the program of the
 block's last step, which the wait dispatches while ``.grad`` still holds its
-gradients (Note [Step boundary] in ``lazytpu/engine.py``). Each of them, and
+gradients (Note [Step boundary] in ``lazytpu/engine.py``; the steps run
+without step segments, as one program each). Each of them, and
 the ``jax.jit`` step with and without returning its gradients, is compiled
 again *without donation* and timed on fixed inputs: ``calls`` calls back to
 back, then a wait, interleaved over ``rounds`` rounds; medians per call.
@@ -83,7 +84,7 @@ def measure(name: str, rounds: int, calls: int, small: bool = False) -> dict[str
     import jax  # noqa: PLC0415
     import torch  # noqa: PLC0415
 
-    import lazytpu  # noqa: F401, PLC0415
+    import lazytpu  # noqa: PLC0415
     from benchmarks import jax_workloads as J  # noqa: PLC0415
     from benchmarks.workloads import SMALL_SIZES, WORKLOADS  # noqa: PLC0415
 
@@ -91,7 +92,9 @@ def measure(name: str, rounds: int, calls: int, small: bool = False) -> dict[str
     kwargs = SMALL_SIZES[name] if small else kwargs
     workload = factory("tpu", **kwargs)
     workload.compile(functools.partial(torch.compile, backend="tpu"), optimizer=True)
-    with _captured_programs() as (programs, runs):
+    # the step as one program, to set beside the jax.jit step (Note [Step segments] in lazytpu/engine.py)
+    whole = lazytpu._config.STEP_SEGMENTS.override(False)
+    with whole, _captured_programs() as (programs, runs):
         for _ in range(3):
             del runs[:]
             for _ in range(PIPELINE):

@@ -9,12 +9,14 @@ from typing import Any
 
 VARIANT_LABELS = {
     "defer": "lazytpu defer",
+    "defer_whole": "lazytpu defer, one program",
     "strict": "lazytpu strict",
     "cpu": "CPU eager",
     "compile": "torch.compile",
     "tpu_compile": "torch.compile tpu",
     "jax": "jax.jit",
     "ideal": "ideal backend",
+    "subclass": "forwarding subclass",
 }
 
 # name -> (numerator variant, denominator variant): a ratio is t_num / t_den, the
@@ -31,7 +33,9 @@ RATIOS = {
     "defer/tpu_compile": ("defer", "tpu_compile"),  # > 1: the compiled step beats defer
     "ideal/jax": ("ideal", "jax"),  # torch.compile's own host work + the jax.jit program: tpu_compile/jax's ceiling
     "tpu_compile/ideal": ("tpu_compile", "ideal"),  # what lazytpu adds over a backend that costs nothing
+    "defer_whole/defer": ("defer_whole", "defer"),  # > 1: step segments pay (Note [Step segments])
     "defer/cpu": ("defer", "cpu"),  # <= 1.5 on the transformers workloads (issue 21)
+    "subclass/cpu": ("subclass", "cpu"),  # an eager Python backend's floor: defer/cpu's ceiling
     "tpu_compile/cpu": ("tpu_compile", "cpu"),  # <= 1: the compiled step at or below CPU eager (issue 21)
 }
 
@@ -178,8 +182,12 @@ def build(meta: dict, cases: list[dict]) -> dict[str, Any]:
 # be. strict/defer: hand-written jax.jit in defer's place (strict/jax); a target above it
 # asks defer to beat jax.jit. tpu_compile/jax: the ideal backend in tpu_compile's place
 # (ideal/jax: torch.compile's own host work, then the jax.jit program); a target below it
-# asks for less host work than torch.compile itself does, whatever the backend.
-_CEILINGS = {"strict/defer": "strict/jax", "tpu_compile/jax": "ideal/jax"}
+# asks for less host work than torch.compile itself does, whatever the backend. defer/cpu:
+# the forwarding subclass in defer's place (subclass/cpu: Note [Forwarding floor] in
+# benchmarks.subclass, a __torch_dispatch__ wrapper that runs each op on CPU torch and
+# does nothing else); a target below it asks an eager backend to dispatch an op for less
+# than torch's Python-subclass dispatch costs.
+_CEILINGS = {"strict/defer": "strict/jax", "tpu_compile/jax": "ideal/jax", "defer/cpu": "subclass/cpu"}
 
 
 def _ceiling(ratios: dict, metric: str) -> float | None:
@@ -328,8 +336,8 @@ def table(data: dict) -> str:
     out.append(
         "ceiling (Note [Ceilings] in report.py): the same ratio for the best the system could be: hand-written"
         " jax.jit in defer's place (strict/jax) for strict/defer; for tpu_compile/jax the ideal backend"
-        " (torch.compile's own host work, then the jax.jit program: ideal/jax). A target past it asks for more"
-        " than that best"
+        " (torch.compile's own host work, then the jax.jit program: ideal/jax); for defer/cpu a wrapper subclass"
+        " that only forwards each op to CPU torch (subclass/cpu). A target past it asks for more than that best"
     )
 
     notes = []
@@ -345,9 +353,12 @@ def table(data: dict) -> str:
             notes.append(f"{name}: {c['compiled_in_pipelined']} compiles in the timed pipelined blocks")
         if c.get("loss_matches_cpu") is False:
             notes.append(f"{name}: step-0 loss {c['loss_first']} differs from CPU eager")
-        one_program = c["variant"] in ("defer", "tpu_compile") and c["workload"] != "record"
-        if one_program and c.get("programs_per_step") not in (None, 1.0):
-            notes.append(f"{name}: {c['programs_per_step']} programs per step (expected 1)")
+        one_program = c["variant"] == "defer_whole" and c["workload"] != "record"
+        programs = c.get("programs_per_step")
+        if one_program and programs not in (None, 1.0):
+            notes.append(f"{name}: {programs} programs per step (expected 1)")
+        if c["variant"] in ("defer", "tpu_compile") and programs is not None and programs != int(programs):
+            notes.append(f"{name}: {programs} programs per step (expected the same segments every step)")
     if notes:
         out += ["", "Notes:"] + [f"- {n}" for n in notes]
     return "\n".join(out)
@@ -375,7 +386,12 @@ def chart(data: dict, directory: str) -> str:
     variants = [v for v in VARIANT_LABELS if any(c["variant"] == v for c in cases)]
     training = [w for w in dict.fromkeys(c["workload"] for c in cases) if w != "record"]
     by = {(c["workload"], c["variant"]): c for c in cases}
-    colors = dict(zip(VARIANT_LABELS, ["#1f77b4", "#aec7e8", "#7f7f7f", "#ff7f0e", "#9467bd", "#2ca02c", "#98df8a"]))
+    colors = dict(
+        zip(
+            VARIANT_LABELS,
+            ["#1f77b4", "#6baed6", "#aec7e8", "#7f7f7f", "#ff7f0e", "#9467bd", "#2ca02c", "#98df8a", "#d62728"],
+        )
+    )
     has_record = any(c["workload"] == "record" for c in cases)
     fig, axes = plt.subplots(
         1,

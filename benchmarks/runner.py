@@ -51,7 +51,7 @@ with contextlib.suppress(RuntimeError):  # already set by an earlier import
 import jax  # noqa: E402
 
 import lazytpu  # noqa: E402
-from benchmarks import floor, report  # noqa: E402
+from benchmarks import floor, report, subclass  # noqa: E402
 from benchmarks import jax_workloads as J  # noqa: E402
 from benchmarks import workloads as W  # noqa: E402
 
@@ -150,7 +150,7 @@ class TorchCase(Case):
 
     def setup(self) -> None:
         factory = W.WORKLOADS[self.workload][0]
-        self.w = factory("cpu", **self.kwargs)
+        self.w = factory(subclass.DEVICE if self.variant == "subclass" else "cpu", **self.kwargs)
         if self.variant == "compile":
             self.w.compile(torch.compile)
 
@@ -170,18 +170,22 @@ class TorchCase(Case):
 
 
 class LazyCase(Case):
-    """lazytpu on the ``tpu`` device in defer or strict mode."""
+    """lazytpu on the ``tpu`` device in defer or strict mode; ``defer_whole`` is
+    defer with one program per step (no step segments: Note [Step segments] in
+    lazytpu.engine)."""
 
     def setup(self) -> None:
         factory = W.WORKLOADS[self.workload][0]
-        with torch.tpu.set_eager_mode(self.variant):
+        with self.around():
             self.w = factory("tpu", **self.kwargs)
             torch.tpu.synchronize()
 
     @contextlib.contextmanager
     def around(self):
-        with torch.tpu.set_eager_mode(self.variant):
-            yield
+        whole = self.variant == "defer_whole"
+        with torch.tpu.set_eager_mode("defer" if whole else self.variant):
+            with lazytpu._config.STEP_SEGMENTS.override(not whole):
+                yield
 
     def timed_step(self):
         timer = _Timer()
@@ -269,14 +273,20 @@ class RecordCase(Case):
         self.n = self.kwargs["n_ops"]
         if self.variant in ("compile", "tpu_compile", "jax", "ideal"):
             raise NotApplicable("(d) measures per-op dispatch of eager torch code")
+        if self.variant == "defer_whole":
+            raise NotApplicable("(d) has no step to segment")
         x = torch.randn(RECORD_SIZE, generator=torch.Generator().manual_seed(W.SEED))
-        self.x = x if self.variant == "cpu" else x.to("tpu")
-        if self.variant != "cpu":
+        self.x = W.to_device(x, "tpu" if self.lazy else self.variant)
+        if self.lazy:
             torch.tpu.synchronize()
+
+    @property
+    def lazy(self) -> bool:
+        return self.variant in ("defer", "strict")
 
     @contextlib.contextmanager
     def around(self):
-        if self.variant == "cpu":
+        if not self.lazy:
             yield
         else:
             with torch.tpu.set_eager_mode(self.variant):
@@ -295,17 +305,19 @@ class RecordCase(Case):
         return wall, cpu, float(y[0].item())
 
     def counters(self):
-        return LazyCase.counters(self) if self.variant != "cpu" else super().counters()
+        return LazyCase.counters(self) if self.lazy else super().counters()
 
 
 CASE_TYPES = {
     "defer": LazyCase,
+    "defer_whole": LazyCase,
     "strict": LazyCase,
     "cpu": TorchCase,
     "compile": TorchCase,
     "tpu_compile": TpuCompileCase,
     "jax": JaxCase,
     "ideal": IdealCase,
+    "subclass": TorchCase,
 }
 
 
@@ -461,7 +473,7 @@ def _case_result(case: Case, warmup: int) -> dict[str, Any]:
             compiled_in_steady_state=case.compiled_steady,
             cpu_fallbacks=dict(+case.fallbacks),
         )
-        if case.variant in ("defer", "strict", "tpu_compile") and case.steady_steps:
+        if case.variant in ("defer", "defer_whole", "strict", "tpu_compile") and case.steady_steps:
             out["programs_per_step"] = case.executed_steady / case.steady_steps
     if case.block_times:
         out.update(

@@ -32,7 +32,7 @@ import sys
 import tempfile
 
 PIPELINE = 10  # steps per wait in the pipelined measurement (Note [Pipelined steady state])
-VARIANTS = ("defer", "strict", "cpu", "compile", "tpu_compile", "jax", "ideal")
+VARIANTS = ("defer", "defer_whole", "strict", "cpu", "compile", "tpu_compile", "jax", "ideal", "subclass")
 WORKLOAD_NAMES = ("mlp_b32", "mlp_b256", "chain", "transformer", "llama", "gpt2", "bert", "record")
 DEFAULT_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

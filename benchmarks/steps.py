@@ -1,8 +1,9 @@
 """Where the host time of a training step goes, per workload (issues 5, 21).
 
-    python -m benchmarks.steps [--workloads llama,gpt2,bert] [--steps 30] [--mode defer]
+    python -m benchmarks.steps [--workloads llama,gpt2,bert] [--steps 30] [--mode defer|defer_whole|strict]
 
-For each training workload on ``tpu`` (``--mode``: defer or strict), two
+For each training workload on ``tpu`` (``--mode``: defer, defer_whole, which is
+defer with one program per step, or strict), two
 measured runs of ``--steps`` steady-state steps, each step with the
 ``.item()`` of its loss:
 
@@ -14,7 +15,12 @@ measured runs of ``--steps`` steady-state steps, each step with the
    ``mean`` the mean, ``gc`` the mean time in Python's garbage collector
    and ``gc2`` the full collections in the run. ``host/op`` is the CPU of the
    main and autograd threads per recorded op, ``all/op`` the CPU of every
-   thread per recorded op (issue 21's measure).
+   thread per recorded op (issue 21's measure). ``wait`` is the wall time
+   the main thread did not run (mostly waiting for the device at the loss's
+   read), ``hidden`` the device CPU that ran while the host worked
+   (``xla - wait``, at least 0): the overlap of Note [Step segments] in
+   lazytpu/engine.py. Both assume the process is not descheduled: read them
+   on a quiet machine.
 2. **Phased** (instrumented; its timers cost about 1 µs an op, so it is not the
    headline): the host threads' CPU split into ``record`` (lazytpu's
    dispatch of an op that is not a view: resolve, plan, record), ``views``
@@ -162,12 +168,13 @@ class Phases:
 def measure(name: str, steps: int, warmup: int = 5, mode: str = "defer") -> dict:
     """The plain and the phased run of workload ``name`` (see the module docstring)."""
     factory, kwargs, _ = WORKLOADS[name]
-    with torch.tpu.set_eager_mode(mode):
+    whole = mode == "defer_whole"  # defer, one program per step (Note [Step segments])
+    with torch.tpu.set_eager_mode("defer" if whole else mode), lazytpu._config.STEP_SEGMENTS.override(not whole):
         workload = factory("tpu", **kwargs)
         for _ in range(warmup):
             workload.step().item()
         lazytpu.metrics.reset()
-        per_step: dict[str, list] = {"main": [], "autograd": [], "xla": [], "wall": []}
+        per_step: dict[str, list] = {"main": [], "autograd": [], "xla": [], "wall": [], "wait": [], "hidden": []}
         collector = GcTime()
         with collector.installed():
             for _ in range(steps):
@@ -177,6 +184,9 @@ def measure(name: str, steps: int, warmup: int = 5, mode: str = "defer") -> dict
                 for k, v in spent.items():
                     per_step[k].append(v / 1e6)
                 per_step["wall"].append(wall * 1e3)
+                wait = wall * 1e3 - spent["main"] / 1e6
+                per_step["wait"].append(max(0.0, wait))
+                per_step["hidden"].append(max(0.0, spent["xla"] / 1e6 - max(0.0, wait)))
         wall_mean = statistics.mean(per_step["wall"])
         snap = lazytpu.metrics.snapshot()
         phases = Phases()
@@ -203,6 +213,8 @@ def measure(name: str, steps: int, warmup: int = 5, mode: str = "defer") -> dict
         "gc_ms": sum(collector.ms) / steps,
         "full_collections": collector.count[2],
         "cpu_ms": {"main": med["main"], "autograd": med["autograd"], "xla": med["xla"]},
+        "wait_ms": med["wait"],
+        "hidden_ms": med["hidden"],
         "ops_per_step": ops,
         "programs_per_step": snap["programs_executed"] / steps,
         "host_us_per_op": host * 1e3 / ops if ops else float("nan"),
@@ -215,7 +227,7 @@ def measure(name: str, steps: int, warmup: int = 5, mode: str = "defer") -> dict
 
 HEADER = (
     f"{'workload':<12} {'wall':>7} {'mean':>7} {'gc':>6} {'gc2':>4}"
-    f" {'main':>7} {'autogr':>7} {'xla':>7} {'ops':>5} {'progs':>5}"
+    f" {'main':>7} {'autogr':>7} {'xla':>7} {'wait':>6} {'hidden':>6} {'ops':>5} {'progs':>5}"
     f" {'host/op':>8} {'all/op':>7} | {'phased':>7} {'torch':>7} {'record':>7} {'views':>6} {'sync':>7} {'wraps':>6}"
 )
 
@@ -225,6 +237,7 @@ def format_row(r: dict) -> str:
     return (
         f"{r['workload']:<12} {r['wall_ms']:>7.2f} {r['wall_mean_ms']:>7.2f} {r['gc_ms']:>6.2f}"
         f" {r['full_collections']:>4} {c['main']:>7.2f} {c['autograd']:>7.2f} {c['xla']:>7.2f}"
+        f" {r['wait_ms']:>6.2f} {r['hidden_ms']:>6.2f}"
         f" {r['ops_per_step']:>5.0f} {r['programs_per_step']:>5.1f} {r['host_us_per_op']:>6.1f}us"
         f" {r['all_us_per_op']:>5.1f}us | {r['phased_host_ms']:>7.2f} {p['torch']:>7.2f} {p['record']:>7.2f}"
         f" {p['views']:>6.2f} {p['sync']:>7.2f} {r['wrappers_per_step']:>6.0f}"
@@ -235,7 +248,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default=",".join(TRAINING))
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--mode", default="defer", choices=("defer", "strict"))
+    parser.add_argument("--mode", default="defer", choices=("defer", "defer_whole", "strict"))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print(f"{args.mode} steps, ms per step (CPU by thread group; phases of the instrumented run), µs per recorded op")

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks import subclass
+
 SEED = 0
 
 
@@ -50,6 +52,14 @@ class Workload:
 
 def _cpu_state(module: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def to_device(value, device: str):
+    """``value.to(device)``, where ``device`` may also be the forwarding floor's
+    pseudo device (Note [Forwarding floor] in benchmarks.subclass)."""
+    if device == subclass.DEVICE:
+        return subclass.wrap(value)
+    return value.to(device)
 
 
 def _optimizer_step(loss_of: Callable, inputs: tuple, opt) -> tuple[Callable, Callable]:
@@ -98,8 +108,8 @@ def mlp(device: str, batch: int = 32, sizes=MLP_SIZES) -> Workload:
     x_cpu = torch.randn(batch, sizes[0], generator=gen)
     y_cpu = torch.randint(0, sizes[-1], (batch,), generator=gen)
     init.update(x=x_cpu.clone(), y=y_cpu.clone())
-    model = model.to(device)
-    x, y = x_cpu.to(device), y_cpu.to(device)
+    model = to_device(model, device)
+    x, y = to_device(x_cpu, device), to_device(y_cpu, device)
     opt = torch.optim.SGD(model.parameters(), lr=MLP_LR)
     loss_fn = [lambda: F.cross_entropy(model(x), y)]
     opt_step = [opt.step]
@@ -153,7 +163,7 @@ def elementwise_chain(device: str, n: int = 1024) -> Workload:
         "gamma": 1.0 + 0.1 * torch.randn(n, generator=gen),
         "beta": 0.1 * torch.randn(n, generator=gen),
     }
-    leaves = [init[k].clone().to(device).requires_grad_(True) for k in ("x", "w", "b", "gamma", "beta")]
+    leaves = [to_device(init[k].clone(), device).requires_grad_(True) for k in ("x", "w", "b", "gamma", "beta")]
     fn = [chain]
 
     def step() -> torch.Tensor:
@@ -215,8 +225,8 @@ def transformer(device: str, batch: int = 8, **sizes) -> Workload:
     gen = torch.Generator().manual_seed(SEED + 3)
     tokens = torch.randint(0, cfg["vocab"], (batch, cfg["seq"] + 1), generator=gen)
     init.update(inp=tokens[:, :-1].clone(), tgt=tokens[:, 1:].clone(), config=cfg)
-    model = model.to(device)
-    inp, tgt = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+    model = to_device(model, device)
+    inp, tgt = to_device(tokens[:, :-1], device), to_device(tokens[:, 1:], device)
     opt = torch.optim.AdamW(model.parameters(), **ADAMW)
 
     def loss_of(a, b):
@@ -273,8 +283,8 @@ def hf_model(device: str, family: str = "llama", batch: int = 4, **sizes) -> Wor
     gen = torch.Generator().manual_seed(SEED + 4)
     ids_cpu = torch.randint(0, cfg["vocab"], (batch, cfg["seq"]), generator=gen)
     init.update(input_ids=ids_cpu.clone(), config=cfg)
-    model = model.to(device)
-    ids = ids_cpu.to(device)
+    model = to_device(model, device)
+    ids = to_device(ids_cpu, device)
     opt = torch.optim.AdamW(model.parameters(), **ADAMW)
 
     no_cache = {} if family == "bert" else {"use_cache": False}  # training keeps no KV cache

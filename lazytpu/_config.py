@@ -137,6 +137,13 @@ SYNC_ON_OPTIMIZER_STEP = Flag(
     _parse_bool,
     "End of optimizer.step() on tpu parameters is a sync point (0: off).",
 )
+STEP_SEGMENTS = Flag(
+    "LAZYTPU_STEP_SEGMENTS",
+    True,
+    _parse_bool,
+    "Defer mode dispatches a step in segments, at the start of each backward pass and of "
+    "optimizer.step(), so that the device runs while the host records (0: one program).",
+)
 MAX_PENDING_OPS = Flag(
     "LAZYTPU_MAX_PENDING_OPS",
     20000,
@@ -184,6 +191,7 @@ FLAGS: tuple[Flag, ...] = (
     EAGER_MODE,
     DEFER_AND_FUSE,
     SYNC_ON_OPTIMIZER_STEP,
+    STEP_SEGMENTS,
     MAX_PENDING_OPS,
     CACHE_DIR,
     PROGRAM_CACHE_SIZE,

@@ -67,6 +67,32 @@ def _mode_from_env() -> EagerMode:
 
 RNG_AVAL = Aval((2,), torch.uint32)
 
+# Note [Step segments]: in defer mode a training step is dispatched in three
+# programs, not one. The lane's pending values are flushed, without waiting,
+# at two cut points: when a backward pass starts (the first op recorded inside
+# an autograd graph task, ``torch._C._current_graph_task_id()`` no longer -1;
+# that op goes with the forward) and when ``optimizer.step()`` starts (a
+# pre-hook in lazytpu.device.registration), if an op of a backward is pending
+# (a step that read its loss after the backward has run that already). The
+# device then computes the forward while the host records the backward, and
+# the backward while it records the optimizer's update; only the last segment
+# is left to wait for at the step's read. The cut points repeat every step,
+# so each segment is a program cache hit in steady state. What a cut costs:
+# the values that cross it are written out (mostly what autograd saved for
+# the backward, which the fused program writes out too, and the gradients:
+# Note [Step boundary]), and a view of a computed value is one more recorded
+# op: about 5% more host CPU on the small transformers steps. Interleaved on
+# a quiet 2-core XLA:CPU machine, one program per step is 1.10-1.29x slower
+# (``python -m benchmarks --variants defer,defer_whole``: llama 1.15, gpt2
+# 1.18, bert 1.12, mlp_b32 1.29, transformer 1.10); where no core is idle for
+# the device (XLA:CPU under load) nothing overlaps and segments cost their
+# 5-9%. A cut is a flush like any other: every value still equals CPU
+# torch's. ``LAZYTPU_STEP_SEGMENTS=0`` keeps one program per step. A call of
+# a compiled graph (Note [Graphs as nodes] in lazytpu.compile.fx_lowering)
+# never cuts: a step under ``torch.compile`` stays one program, as a
+# ``jax.jit`` step is, and its host work is too small to hide the device's.
+_graph_task = torch._C._current_graph_task_id
+
 
 # Note [Engine observers]: the engine calls no module above it by name. A
 # module that watches what the engine does registers a callback here when it
@@ -114,10 +140,22 @@ class Lane:
     (Note [Donation]: a buffer another lane holds is never donated).
     """
 
-    __slots__ = ("graph", "thread", "checks", "value_checks", "computed_checks", "check_errors", "collective_runner")
+    __slots__ = (
+        "graph",
+        "task",
+        "backward",
+        "thread",
+        "checks",
+        "value_checks",
+        "computed_checks",
+        "check_errors",
+        "collective_runner",
+    )
 
     def __init__(self, graph: PendingGraph, thread: threading.Thread | None) -> None:
         self.graph = graph
+        self.task = -1  # the autograd graph task of its last op (Note [Step segments])
+        self.backward = False  # some op pending was recorded by a backward pass
         self.thread = None if thread is None else weakref.ref(thread)
         self.checks: list = []  # Note [Deferred checks]
         # Note [Value checks] in lazytpu.frontend.checks.value_checks: recorded since the last flush, computed but not
@@ -235,7 +273,7 @@ class DeviceContext:
             self.random.value = Data(runtime.from_host(array, self.index), RNG_AVAL)
 
     # -- record / flush -------------------------------------------------
-    def recorded(self, node: Node, flush: bool = True) -> None:
+    def recorded(self, node: Node, flush: bool = True, segments: bool = True) -> None:
         """Called after a node is recorded: strict mode flushes here.
 
         ``ops_recorded`` is counted here, in the graph's ``recorded_ops``,
@@ -245,17 +283,38 @@ class DeviceContext:
         view's read, an input of the op being recorded; an op's outputs bound
         one by one): a flush then could donate a buffer that output still
         needs (Note [Donation]). The op flushes once all are bound.
+        ``segments=False`` for a compiled graph's call, which never cuts a
+        step (Note [Step segments]).
         """
         self.graph.recorded_ops += 1
         if flush:
-            self.flush_if_due()
+            self.flush_if_due(segments)
 
-    def flush_if_due(self) -> None:
-        """Strict mode flushes after each op, deferred mode at the graph cap."""
+    def flush_if_due(self, segments: bool = True) -> None:
+        """Strict mode flushes after each op; deferred mode at the start of a
+        backward pass (Note [Step segments]) and at the graph cap."""
         if MODE.current is not EagerMode.DEFER_AND_FUSE:
             self.flush("strict")
-        elif self.graph.pending_ops >= _config.MAX_PENDING_OPS.get():
-            self.flush("graph_cap")
+            return
+        lane = self.lane()
+        task = _graph_task() if segments else lane.task
+        if task != lane.task:
+            lane.task = task
+            if task != -1 and _config.STEP_SEGMENTS.get():
+                self.flush("segment", lane=lane)  # the forward's segment, with this first op
+                lane.backward = True
+                return
+        if task != -1:
+            lane.backward = True
+        if lane.graph.pending_ops >= _config.MAX_PENDING_OPS.get():
+            self.flush("graph_cap", lane=lane)
+
+    def segment(self) -> None:
+        """The start of ``optimizer.step()``: dispatch the backward's segment,
+        without waiting, if one is pending (Note [Step segments])."""
+        lane = self.lane()
+        if lane.backward and MODE.current is EagerMode.DEFER_AND_FUSE and _config.STEP_SEGMENTS.get():
+            self.flush("segment", lane=lane)
 
     def defer_check(self, check: DeferredCheck) -> None:
         """Run ``check`` after the next flush (Note [Deferred checks]).
@@ -361,6 +420,7 @@ class DeviceContext:
         or materialized: the graph forgets it.
         """
         graph = lane.graph
+        lane.backward = False
         self.fold_metrics()
         if STEPS_DUE:
             STEPS_DUE.pop(lane, None)
@@ -494,10 +554,13 @@ def context(index: int = 0) -> DeviceContext:
 # accelerator (a parameter-sized buffer per step) and 7-11% of the program on
 # XLA:CPU for a small MLP (``python -m benchmarks.floor``). A step whose
 # gradients are still referenced writes them as before; a value read always
-# syncs first. The wait costs no throughput: each step's dispatch moves by the
-# same host time (the next op comes with the next step), so the device sees one
-# program per step as before; a loop that reads the loss every step syncs at
-# the read, as before. A copy from the host (``x.to("tpu")``, the next batch)
+# syncs first. With step segments (Note [Step segments], the default) the
+# backward's program writes the gradients out, since the optimizer's program
+# reads them; ``LAZYTPU_STEP_SEGMENTS=0`` keeps them internal. The wait
+# costs no throughput: each step's dispatch moves by the same host time (the
+# next op comes with the next step), so the device sees one program per step
+# as before; a loop that reads the loss every step syncs at the read, as
+# before. A copy from the host (``x.to("tpu")``, the next batch)
 # and a view (``loss.detach()``) compute nothing and do not end the wait
 # (``dispatch._ends_step_wait``); any other op, a compiled graph's call and
 # every other sync do, before they read a value. A step whose program holds an

@@ -26,6 +26,9 @@ hypothesis.settings.register_profile(
 hypothesis.settings.load_profile("ci")
 
 MODES = ("defer", "strict")
+# A defer step's backward and optimizer update are programs of their own (Note [Step segments]
+# in lazytpu/engine.py) unless LAZYTPU_STEP_SEGMENTS=0: the programs a plain step runs.
+STEP_PROGRAMS = 3 if lazytpu._config.STEP_SEGMENTS.get() else 1
 
 # Note [Tolerances]: one per-dtype tolerance table: XLA:CPU may fuse and
 # reassociate, so float results differ from CPU torch by a few ulps.

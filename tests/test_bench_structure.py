@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import pytest
 import torch
+from conftest import STEP_PROGRAMS
 
 import lazytpu
 
@@ -24,6 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repo root, where the benchmarks package lives
 
 from benchmarks import jax_workloads as J  # noqa: E402
+from benchmarks import report  # noqa: E402
 from benchmarks import workloads as W  # noqa: E402
 
 TRAINING = ("mlp_b32", "chain", "transformer")  # mlp_b256 is mlp_b32 at another batch size
@@ -47,14 +49,16 @@ def test_defer_step_is_one_program_without_recompiles_or_fallbacks(name):
             # (step 0 checks the forward, later steps the optimizer update too).
             assert float(jw.step()) == pytest.approx(expected, rel=1e-4, abs=1e-5)
             assert tpu.step().item() == pytest.approx(expected, rel=1e-4, abs=1e-5)
+            torch.tpu.synchronize()  # as the suite times a step (chain's gradients are read by nothing else)
         warm = lazytpu.metrics.snapshot()
         for _ in range(STEPS):
             tpu.step().item()
-        torch.tpu.synchronize()
+            torch.tpu.synchronize()
         snap = lazytpu.metrics.snapshot()
     assert snap["cpu_fallbacks"] == {}, f"CPU fallbacks: {snap['cpu_fallbacks']}"
     assert snap["programs_compiled"] == warm["programs_compiled"], "recompiled in steady state"
-    assert snap["programs_executed"] - warm["programs_executed"] == STEPS, "not one program per step"
+    executed = snap["programs_executed"] - warm["programs_executed"]
+    assert executed == STEPS * (STEP_PROGRAMS if name != "chain" else 2), "not the same programs every step"
     assert jw.jitted._cache_size() == 1
 
 
@@ -63,7 +67,7 @@ def test_transformers_steps_match_cpu_without_recompiles_or_fallbacks(name):
     """The ``llama``, ``gpt2`` and ``bert`` workloads (issue 21): CPU torch's losses on tpu, no CPU
     fallback, nothing compiled in steady state. Their forward reads one value on the host
     (transformers' mask code asks whether the batch is packed, or padded: a sync), so a step is one
-    program for each such read plus the step's own."""
+    program for each such read plus the step's own (its segments: Note [Step segments])."""
     cpu = _build(name, "cpu")
     with torch.tpu.set_eager_mode("defer"):
         tpu = _build(name, "tpu")
@@ -76,7 +80,7 @@ def test_transformers_steps_match_cpu_without_recompiles_or_fallbacks(name):
     assert snap["cpu_fallbacks"] == {}, f"CPU fallbacks: {snap['cpu_fallbacks']}"
     assert snap["programs_compiled"] == 0, "recompiled in steady state"
     reads = snap["syncs"].get("item", 0)  # the host reads inside the forward (the step's ends in optimizer_step)
-    assert snap["programs_executed"] == STEPS + reads and reads <= STEPS, snap["syncs"]
+    assert snap["programs_executed"] == STEPS * STEP_PROGRAMS + reads and reads <= STEPS, snap["syncs"]
 
 
 def test_steps_entry_point_smoke():
@@ -87,7 +91,7 @@ def test_steps_entry_point_smoke():
     header = next(line.split() for line in proc.stdout.splitlines() if line.startswith("workload"))
     row = next(line.split() for line in proc.stdout.splitlines() if line.startswith("mlp_b32"))
     values = dict(zip([h for h in header if h != "|"], [v for v in row if v != "|"], strict=True))
-    assert float(values["ops"]) > 0 and float(values["progs"]) == 1.0
+    assert float(values["ops"]) > 0 and float(values["progs"]) == STEP_PROGRAMS
     assert float(values["host/op"].removesuffix("us")) > 0 and float(values["wraps"]) > 0
     phases = [float(values[k]) for k in ("torch", "record", "views", "sync")]
     assert all(p >= 0 for p in phases[1:]) and sum(phases) == pytest.approx(float(values["phased"]), abs=0.05)
@@ -123,7 +127,7 @@ def test_suite_entry_point_smoke(tmp_path):
         "--no-chart",
         "--no-progress",
         "--variants",
-        "defer,cpu,jax,ideal",
+        "defer,defer_whole,cpu,jax,ideal,subclass",
         "--workloads",
         "mlp_b32,record",
         "--pipeline",
@@ -145,11 +149,30 @@ def test_suite_entry_point_smoke(tmp_path):
     assert all(c["compiled_in_pipelined"] == 0 for c in mlp)
     assert not any("pipelined_s" in c for c in data["cases"] if c["workload"] == "record")
     assert data["pipelined_ratios"]["mlp_b32"]["defer/jax"] > 0
+    by_variant = {c["variant"]: c for c in mlp}
+    assert by_variant["defer"]["programs_per_step"] == STEP_PROGRAMS  # Note [Step segments]
+    assert by_variant["defer_whole"]["programs_per_step"] == 1
+    assert by_variant["subclass"]["loss_matches_cpu"] and data["ratios"]["mlp_b32"]["subclass/cpu"] > 0
+    ratios = data["ratios"]["mlp_b32"]
+    assert report._ceiling(ratios, "defer/cpu") == ratios["subclass/cpu"]  # Note [Ceilings]
     # Note [Ceilings] in report.py: the ideal backend (torch.compile's own host work, then the jax.jit step)
     # is never faster than the jax.jit step alone
     assert data["ratios"]["mlp_b32"]["ideal/jax"] > 1.0
     assert data["pipelined_ratios"]["mlp_b32"]["ideal/jax"] > 0
     assert "Pipelined steady state: 2 steps per wait" in proc.stdout
+
+
+@pytest.mark.parametrize("name", ("mlp_b32", "chain", "transformer", "llama"))
+def test_forwarding_subclass_computes_cpu_torchs_steps(name):
+    """The floor of an eager Python backend (Note [Forwarding floor] in benchmarks/subclass.py) runs
+    each op on CPU torch behind a wrapper subclass: the same losses, parameters of its type."""
+    cpu, floor = _build(name, "cpu"), _build(name, "subclass")
+    for _ in range(2):
+        assert floor.step().item() == cpu.step().item()
+    if floor.model is not None:
+        params = list(floor.model.parameters())
+        assert params and all(type(p).__name__ == "ForwardingTensor" for p in params)
+        assert all(isinstance(p, torch.nn.Parameter) for p in params)
 
 
 def test_floor_entry_point_smoke():

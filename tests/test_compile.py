@@ -148,10 +148,12 @@ def _sgd_step(model, opt, x, y):
 
 
 @pytest.mark.parametrize("compile_optimizer", [False, True], ids=["eager_optimizer", "compiled_optimizer"])
-def test_training_step_is_one_program_without_recompiles(compile_optimizer):
+def test_training_step_is_one_program_without_recompiles(compile_optimizer, monkeypatch):
     """Forward graph, backward graph (and the loss gradient's seed) and the
     optimizer update are one program per step, run at the optimizer's sync;
-    steady state compiles nothing and dynamo captures no new graph."""
+    steady state compiles nothing and dynamo captures no new graph. (The eager
+    loss's backward would cut the step in segments: Note [Step segments].)"""
+    monkeypatch.setattr(_config.STEP_SEGMENTS, "value", False)
     torch.manual_seed(5)
     ref = _mlp()
     dev = copy.deepcopy(ref).to("tpu")

@@ -46,6 +46,7 @@ BAD = [
     ("LAZYTPU_PLATFORM", "cuda", ": expected one of tpu, gpu, cpu"),
     ("LAZYTPU_CPU_FALLBACK", "maybe", BOOLEAN),
     ("LAZYTPU_SYNC_ON_OPTIMIZER_STEP", "2", BOOLEAN),
+    ("LAZYTPU_STEP_SEGMENTS", "sometimes", BOOLEAN),
     ("TORCH_TPU_DEFER_AND_FUSE", "defer", BOOLEAN),
     ("LAZYTPU_VALUE_CHECKS", "no-thanks", BOOLEAN),
     ("TORCHTPU_EAGER_MODE", "turbo", " is not valid: expected one of defer, strict, strict-blocking"),

@@ -571,14 +571,14 @@ def _section_ddp_transformer(rank, world):
 
 def _section_in_graph(rank, world):
     """Defer mode: a DDP step (forward, backward, gradient all-reduce, SGD) is
-    one program per step, with no sync at the collective; a rank that cuts its
+    the same programs every step, with no sync at the collective; a rank that cuts its
     step differently (rank 0 reads the loss mid-step) still agrees."""
     import torch
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.testing import assert_close
 
-    from lazytpu import metrics
+    from lazytpu import _config, metrics
 
     model = _tiny_mlp()
     reference = copy.deepcopy(model)
@@ -603,8 +603,10 @@ def _section_in_graph(rank, world):
     torch.tpu.synchronize()  # the last step's program waits for the next op or sync (Note [Step boundary])
     snap = metrics.snapshot()
     assert "collective" not in snap["syncs"], snap["syncs"]
-    # steps 2..4: one program each; step 5: two on rank 0 (the item() cut)
-    assert snap["programs_executed"] == (5 if rank == 0 else 4), snap
+    if _config.STEP_SEGMENTS.get():  # each step three programs (Note [Step segments]); rank 0's item() cuts
+        assert snap["programs_executed"] == 4 * 3, snap  # the backward's segment, as rank 1's update does
+    else:  # steps 2..4: one program each; step 5: two on rank 0 (the item() cut)
+        assert snap["programs_executed"] == (5 if rank == 0 else 4), snap
     for p, q in zip(model.parameters(), reference.parameters()):
         assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5)
     # A rank that enters a host collective right after its step records no op first: the step's

@@ -7,6 +7,7 @@ import torch
 from conftest import programs_run
 
 import lazytpu
+from lazytpu import _config
 
 
 def _syncs() -> dict:
@@ -121,16 +122,20 @@ def _sgd_loop(steps: int) -> torch.nn.Module:
     return model
 
 
-def test_optimizer_step_is_a_sync_point():
-    _sgd_loop(2)
-    lazytpu.metrics.reset()
-    model = _sgd_loop(3)
-    snap = lazytpu.metrics.snapshot()
-    assert snap["syncs"].get("optimizer_step") == 3
-    # each step's program is dispatched at the next op; the last one's at this read (Note [Step boundary])
-    assert snap["programs_executed"] == 2
-    model.weight.cpu()
-    assert lazytpu.metrics.snapshot()["programs_executed"] == 3
+@pytest.mark.parametrize("segments", [True, False], ids=["segments", "whole"])
+def test_optimizer_step_is_a_sync_point(segments):
+    with _config.STEP_SEGMENTS.override(segments):
+        _sgd_loop(2)
+        lazytpu.metrics.reset()
+        model = _sgd_loop(3)
+        snap = lazytpu.metrics.snapshot()
+        assert snap["syncs"].get("optimizer_step") == 3
+        assert snap["syncs"].get("segment", 0) == (6 if segments else 0)  # Note [Step segments]
+        # each step's (last) program is dispatched at the next op; the last one's at this read (Note [Step boundary])
+        per_step = 3 if segments else 1
+        assert snap["programs_executed"] == 3 * per_step - 1
+        model.weight.cpu()
+        assert lazytpu.metrics.snapshot()["programs_executed"] == 3 * per_step
 
 
 def _spy_outputs(monkeypatch) -> list:
@@ -150,17 +155,23 @@ def _spy_outputs(monkeypatch) -> list:
 
 def test_a_steps_program_does_not_write_gradients_the_loop_drops(monkeypatch):
     """``zero_grad(set_to_none=True)`` frees the gradients before the next op dispatches
-    the step's program, so they are not among its outputs (Note [Step boundary])."""
-    _sgd_loop(2)
-    shapes = _spy_outputs(monkeypatch)
-    model = _sgd_loop(3)
-    lazytpu.sync()  # the last step's gradients are still in .grad: written
-    weight = (2, 8)
-    assert [s.count(weight) for s in shapes] == [1, 1, 2]  # the updated weight (and its gradient)
-    assert model.weight.grad is not None
+    the step's program, so they are not among its outputs (Note [Step boundary]);
+    with step segments the backward's program writes them for the update's."""
+    for segments, counts in ((False, [1, 1, 2]), (True, [0, 1, 1] * 3)):
+        with _config.STEP_SEGMENTS.override(segments):
+            _sgd_loop(2)
+            shapes = _spy_outputs(monkeypatch)
+            model = _sgd_loop(3)
+            lazytpu.sync()  # the last step's gradients are still in .grad: written
+        weight = (2, 8)
+        # the updated weight (and its gradient); segments: the forward, the backward (the gradient), the update
+        assert [s.count(weight) for s in shapes] == counts, segments
+        assert model.weight.grad is not None
 
 
-def test_a_step_writes_the_gradients_still_referenced(monkeypatch):
+@pytest.mark.parametrize("segments", [True, False], ids=["segments", "whole"])
+def test_a_step_writes_the_gradients_still_referenced(monkeypatch, segments):
+    monkeypatch.setattr(_config.STEP_SEGMENTS, "value", segments)
     torch.manual_seed(0)
     cpu = torch.nn.Linear(8, 2)
     model = torch.nn.Linear(8, 2)
@@ -175,7 +186,8 @@ def test_a_step_writes_the_gradients_still_referenced(monkeypatch):
             m(inp).square().sum().backward()
             opt.step()
             kept = [p.grad for p in m.parameters()]  # read after the step, e.g. to log a norm
-    assert shapes[-1].count((2, 8)) == 2  # the weight and its gradient
+    last_step = shapes[-3:] if segments else shapes[-1:]  # segments: the backward writes the gradient
+    assert sum(s.count((2, 8)) for s in last_step) == 2  # the weight and its gradient
     for got, want in zip(kept, [p.grad for p in cpu.parameters()]):
         torch.testing.assert_close(got.cpu(), want)
 

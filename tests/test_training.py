@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import lazytpu
+from lazytpu import _config
 
 
 def _mlp() -> torch.nn.Module:
@@ -77,22 +78,36 @@ def test_foreach_ops_lower_without_fallback():
     assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {}
 
 
-def test_defer_training_step_is_one_program():
-    model = _mlp().to("tpu")
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = torch.randn(8, 20).to("tpu"), torch.randint(0, 5, (8,)).to("tpu")
+@pytest.mark.parametrize("segments", [True, False], ids=["segments", "whole"])
+def test_defer_training_step_is_its_segments(segments):
+    """Note [Step segments]: a step is three programs, cut at the start of the
+    backward and of optimizer.step() (one with LAZYTPU_STEP_SEGMENTS=0), each
+    a cache hit from the second step, and the parameters are CPU torch's."""
+    cpu_model = _mlp()
+    model = copy.deepcopy(cpu_model).to("tpu")
+    x, y = torch.randn(8, 20), torch.randint(0, 5, (8,))
+    runs = []
+    for m, xs, ys in ((cpu_model, x, y), (model, x.to("tpu"), y.to("tpu"))):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
 
-    def step():
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
+        def step(m=m, opt=opt, xs=xs, ys=ys):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(xs), ys)
+            loss.backward()
+            opt.step()
+            return loss
 
-    step()
-    lazytpu.sync()
-    lazytpu.metrics.reset()
-    step().item()
+        runs.append((m, step))
+    with _config.STEP_SEGMENTS.override(segments):
+        for _ in range(2):  # the first step's program differs (Note [Steady state] in test_steady_state.py)
+            for _, step in runs:
+                step().item()
+        lazytpu.metrics.reset()
+        losses = [step().item() for _, step in runs]
     snap = lazytpu.metrics.snapshot()
-    assert snap["programs_executed"] == 1
-    assert snap["cpu_fallbacks"] == {}
+    assert snap["programs_executed"] == (3 if segments else 1)
+    assert snap["syncs"].get("segment", 0) == (2 if segments else 0)
+    assert snap["programs_compiled"] == 0 and snap["cpu_fallbacks"] == {}
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    for a, b in zip(cpu_model.parameters(), model.parameters()):
+        torch.testing.assert_close(b.cpu(), a)

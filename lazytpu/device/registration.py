@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 from torch.optim import optimizer as _optimizer
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils import _foreach_utils
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
@@ -75,16 +75,28 @@ def _arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_mem
     return dispatch(aten.arange.start_step, (start, end, step), {"dtype": dtype, "device": device})
 
 
+def _optimizer_devices(optimizer) -> list[int]:
+    """The indices of the tpu devices of ``optimizer``'s parameters."""
+    groups = optimizer.param_groups
+    return sorted({p.device.index or 0 for group in groups for p in group["params"] if p.device.type == "tpu"})
+
+
+def _before_optimizer_step(optimizer, args, kwargs) -> None:
+    """The start of ``optimizer.step()`` ends a step's backward segment (Note
+    [Step segments] in engine)."""
+    if torch.compiler.is_compiling():
+        return
+    for index in _optimizer_devices(optimizer):
+        context(index).segment()
+
+
 def _after_optimizer_step(optimizer, args, kwargs) -> None:
     """The end of ``optimizer.step()`` is a sync point: one program per step
     even in a loop that never reads a value (asynchronous: it does not wait;
     dispatched at the next op, Note [Step boundary] in engine)."""
     if not _config.SYNC_ON_OPTIMIZER_STEP.get():
         return
-    devices = {
-        p.device.index or 0 for group in optimizer.param_groups for p in group["params"] if p.device.type == "tpu"
-    }
-    for index in sorted(devices):
+    for index in _optimizer_devices(optimizer):
         context(index).end_step()  # Note [Step boundary] in engine
 
 
@@ -136,6 +148,7 @@ def register() -> None:
     fallback.fallback(_backend_fallback, "PrivateUse1")
     _registered.append(fallback)
     _registered.extend(autocast.register())
+    _registered.append(register_optimizer_step_pre_hook(_before_optimizer_step))
     _registered.append(register_optimizer_step_post_hook(_after_optimizer_step))
     # Host copies of tpu storages are saved tagged with their device and loaded back to tpu
     # sharing as they were saved (Note [Checkpoint storages] in frontend/hostio).
