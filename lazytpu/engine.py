@@ -70,8 +70,8 @@ RNG_AVAL = Aval((2,), torch.uint32)
 # Note [Step segments]: in defer mode a training step is dispatched in three
 # programs, not one. The lane's pending values are flushed, without waiting,
 # at two cut points: when a backward pass starts (the first op recorded inside
-# an autograd graph task, ``torch._C._current_graph_task_id()`` no longer -1;
-# that op goes with the forward) and when ``optimizer.step()`` starts (a
+# an autograd graph task, ``torch._C._current_graph_task_id()`` no longer -1:
+# ``DeviceContext.note_task``, before the op reads its inputs) and when ``optimizer.step()`` starts (a
 # pre-hook in lazytpu.device.registration), if an op of a backward is pending
 # (a step that read its loss after the backward has run that already). The
 # device then computes the forward while the host records the backward, and
@@ -87,8 +87,12 @@ RNG_AVAL = Aval((2,), torch.uint32)
 # 1.18, bert 1.12, mlp_b32 1.29, transformer 1.10); where no core is idle for
 # the device (XLA:CPU under load) nothing overlaps and segments cost their
 # 5-9%. A cut is a flush like any other: every value still equals CPU
-# torch's. ``LAZYTPU_STEP_SEGMENTS=0`` keeps one program per step. A call of
-# a compiled graph (Note [Graphs as nodes] in lazytpu.compile.fx_lowering)
+# torch's. Only its failures wait (Note [Deferred failures]): a pending op
+# that fails in a segment fails the values that depend on it, and its error
+# is raised at the next host read, as a failed value check's is, never
+# inside the user's backward pass or ``optimizer.step()``.
+# ``LAZYTPU_STEP_SEGMENTS=0`` keeps one program per step. A call of a
+# compiled graph (Note [Graphs as nodes] in lazytpu.compile.fx_lowering)
 # never cuts: a step under ``torch.compile`` stays one program, as a
 # ``jax.jit`` step is, and its host work is too small to hide the device's.
 _graph_task = torch._C._current_graph_task_id
@@ -297,24 +301,28 @@ class DeviceContext:
             self.flush("strict")
             return
         lane = self.lane()
-        task = _graph_task() if segments else lane.task
-        if task != lane.task:
-            lane.task = task
-            if task != -1 and _config.STEP_SEGMENTS.get():
-                self.flush("segment", lane=lane)  # the forward's segment, with this first op
-                lane.backward = True
-                return
-        if task != -1:
-            lane.backward = True
+        if segments:
+            self.note_task(lane)  # the ops that record() does not record
         if lane.graph.pending_ops >= _config.MAX_PENDING_OPS.get():
             self.flush("graph_cap", lane=lane)
+
+    def note_task(self, lane: Lane) -> None:
+        """Before an op records into ``lane``: the first op of a backward pass
+        ends the forward's segment (Note [Step segments])."""
+        task = _graph_task()
+        if task != lane.task:
+            lane.task = task
+            if task != -1 and MODE.current is EagerMode.DEFER_AND_FUSE and _config.STEP_SEGMENTS.get():
+                self.flush("segment", lane=lane, quiet=True)
+        if task != -1:
+            lane.backward = True
 
     def segment(self) -> None:
         """The start of ``optimizer.step()``: dispatch the backward's segment,
         without waiting, if one is pending (Note [Step segments])."""
         lane = self.lane()
         if lane.backward and MODE.current is EagerMode.DEFER_AND_FUSE and _config.STEP_SEGMENTS.get():
-            self.flush("segment", lane=lane)
+            self.flush("segment", lane=lane, quiet=True)
 
     def defer_check(self, check: DeferredCheck) -> None:
         """Run ``check`` after the next flush (Note [Deferred checks]).
@@ -386,12 +394,14 @@ class DeviceContext:
             elif lane not in STEPS_DUE:
                 STEPS_DUE[lane] = self
 
-    def flush(self, reason: str, count: bool = True, lane: Lane | None = None) -> tuple:
+    def flush(self, reason: str, count: bool = True, lane: Lane | None = None, quiet: bool = False) -> tuple:
         """Materialize every live pending value of ``lane`` (default: the
         calling thread's, Note [Lanes]) in one program, in the steps of Note
         [Flush steps] in lazytpu.engine_flush.
 
         ``count=False`` for a step boundary's flush, counted at the boundary.
+        ``quiet=True`` for a step segment's: a failure is raised at the
+        lane's next host read instead (Note [Step segments]).
 
         Returns:
             The program's output buffers (still computing: dispatch is
@@ -406,7 +416,9 @@ class DeviceContext:
                 self._read_value_checks(lane)
             results, failures = engine_flush.run(self, roots, runner)
             errors = engine_flush.rebind(lane, roots, results, failures)
-            if errors:  # the first failure, once: every value it reached keeps it
+            if errors and quiet:
+                lane.check_errors.append(errors[0].with_traceback(None))
+            elif errors:  # the first failure, once: every value it reached keeps it
                 raise errors[0].with_traceback(None)
             return tuple(d.buffer for d in results.values())
 

@@ -17,7 +17,7 @@ import warnings
 import jax
 import pytest
 import torch
-from conftest import MODES, programs_run
+from conftest import MODES, STEP_PROGRAMS, programs_run
 
 import lazytpu
 
@@ -473,7 +473,8 @@ def test_optimizer_50_steps_strict_match_cpu(name):
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_defer_training_step_is_one_program_per_sync(name):
     # the "done when": a defer-mode step with in-place optimizer updates (zero_grad, clipping,
-    # foreach update, scheduler) executes as one program, at the optimizer step's sync
+    # foreach update, scheduler) executes as one program, at the optimizer step's sync (its three segments:
+    # Note [Step segments])
     _, opt, step = _training("tpu", name)
     assert opt.defaults.get("foreach") is None  # torch's default choice
     for _ in range(3):
@@ -484,7 +485,7 @@ def test_defer_training_step_is_one_program_per_sync(name):
         step()
         lazytpu.sync()
 
-    assert [programs_run(step_and_its_program) for _ in range(3)] == [1, 1, 1]
+    assert [programs_run(step_and_its_program) for _ in range(3)] == [STEP_PROGRAMS] * 3
     assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {}
 
 

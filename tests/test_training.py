@@ -80,9 +80,9 @@ def test_foreach_ops_lower_without_fallback():
 
 @pytest.mark.parametrize("segments", [True, False], ids=["segments", "whole"])
 def test_defer_training_step_is_its_segments(segments):
-    """Note [Step segments]: a step is three programs, cut at the start of the
-    backward and of optimizer.step() (one with LAZYTPU_STEP_SEGMENTS=0), each
-    a cache hit from the second step, and the parameters are CPU torch's."""
+    """A step is three programs, cut at the start of the backward and of
+    optimizer.step() (Note [Step segments]; one with LAZYTPU_STEP_SEGMENTS=0),
+    each a cache hit once warm, and the parameters are CPU torch's."""
     cpu_model = _mlp()
     model = copy.deepcopy(cpu_model).to("tpu")
     x, y = torch.randn(8, 20), torch.randint(0, 5, (8,))
@@ -99,7 +99,7 @@ def test_defer_training_step_is_its_segments(segments):
 
         runs.append((m, step))
     with _config.STEP_SEGMENTS.override(segments):
-        for _ in range(2):  # the first step's program differs (Note [Steady state] in test_steady_state.py)
+        for _ in range(2):  # the first step's programs differ
             for _, step in runs:
                 step().item()
         lazytpu.metrics.reset()

@@ -318,6 +318,7 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: b
                 if v._lt_storage.graph is not lane.graph:
                     lane = ctx.lane_for(v._lt_storage, lane, first)
                 first = False
+        ctx.note_task(lane)  # Note [Step segments]: may run the lane, before its values are read
         inputs = [
             (v._lt_storage.value if not v._lt_windowed else read(v))
             if type(v) is LazyTensor
