@@ -144,6 +144,13 @@ STEP_SEGMENTS = Flag(
     "Defer mode dispatches a step in segments, at the start of each backward pass and of "
     "optimizer.step(), so that the device runs while the host records (0: one program).",
 )
+GC_FREEZE = Flag(
+    "LAZYTPU_GC_FREEZE",
+    True,
+    _parse_bool,
+    "At import, move the objects that exist (torch's, JAX's) out of the garbage collector's "
+    "full collections (gc.freeze; 0: off).",
+)
 MAX_PENDING_OPS = Flag(
     "LAZYTPU_MAX_PENDING_OPS",
     20000,
@@ -192,6 +199,7 @@ FLAGS: tuple[Flag, ...] = (
     DEFER_AND_FUSE,
     SYNC_ON_OPTIMIZER_STEP,
     STEP_SEGMENTS,
+    GC_FREEZE,
     MAX_PENDING_OPS,
     CACHE_DIR,
     PROGRAM_CACHE_SIZE,

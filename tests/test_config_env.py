@@ -47,6 +47,7 @@ BAD = [
     ("LAZYTPU_CPU_FALLBACK", "maybe", BOOLEAN),
     ("LAZYTPU_SYNC_ON_OPTIMIZER_STEP", "2", BOOLEAN),
     ("LAZYTPU_STEP_SEGMENTS", "sometimes", BOOLEAN),
+    ("LAZYTPU_GC_FREEZE", "later", BOOLEAN),
     ("TORCH_TPU_DEFER_AND_FUSE", "defer", BOOLEAN),
     ("LAZYTPU_VALUE_CHECKS", "no-thanks", BOOLEAN),
     ("TORCHTPU_EAGER_MODE", "turbo", " is not valid: expected one of defer, strict, strict-blocking"),
@@ -151,3 +152,20 @@ def test_empty_value_counts_as_unset(monkeypatch):
     finally:
         monkeypatch.undo()
         _config.load_all()
+
+
+@pytest.mark.parametrize("value, frozen", [("1", True), ("0", False)])
+def test_import_freezes_the_libraries_objects(value, frozen):
+    """Note [Frozen imports]: torch's and JAX's objects leave the garbage collector's full collections;
+    objects made afterwards are collected as always."""
+    code = (
+        "import gc\n"
+        "class Cycle:\n"
+        "    pass\n"
+        "c = Cycle(); c.self = c; del c\n"
+        "print(gc.get_freeze_count(), gc.collect() >= 1)\n"
+    )
+    proc = _import_lazytpu({"LAZYTPU_GC_FREEZE": value}, code)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    count, collected = proc.stdout.split()[-2:]
+    assert (int(count) > 100_000) is frozen and collected == "True"
