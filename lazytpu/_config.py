@@ -157,6 +157,13 @@ MAX_PENDING_OPS = Flag(
     _parse_positive_int,
     "Sync when this many ops are pending (bounds memory in loops that never sync).",
 )
+MAX_PENDING_DEPTH = Flag(
+    "LAZYTPU_MAX_PENDING_DEPTH",
+    500,
+    _parse_positive_int,
+    "Sync when a pending op is this many dependent ops deep (bounds compile time: XLA's grows "
+    "faster than linearly with a program's depth).",
+)
 
 CACHE_DIR = Flag(
     "LAZYTPU_CACHE_DIR",
@@ -201,6 +208,7 @@ FLAGS: tuple[Flag, ...] = (
     STEP_SEGMENTS,
     GC_FREEZE,
     MAX_PENDING_OPS,
+    MAX_PENDING_DEPTH,
     CACHE_DIR,
     PROGRAM_CACHE_SIZE,
     VALUE_CHECKS,

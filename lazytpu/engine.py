@@ -292,18 +292,20 @@ class DeviceContext:
         """
         self.graph.recorded_ops += 1
         if flush:
-            self.flush_if_due(segments)
+            self.flush_if_due(segments, node.depth)
 
-    def flush_if_due(self, segments: bool = True) -> None:
+    def flush_if_due(self, segments: bool = True, depth: int = 0) -> None:
         """Strict mode flushes after each op; deferred mode at the start of a
-        backward pass (Note [Step segments]) and at the graph cap."""
+        backward pass (Note [Step segments]) and at the graph cap: as many ops
+        pending, or an op ``depth`` ops deep (Note [Graph depth] in
+        lazytpu.ir.node)."""
         if MODE.current is not EagerMode.DEFER_AND_FUSE:
             self.flush("strict")
             return
         lane = self.lane()
         if segments:
             self.note_task(lane)  # the ops that record() does not record
-        if lane.graph.pending_ops >= _config.MAX_PENDING_OPS.get():
+        if lane.graph.pending_ops >= _config.MAX_PENDING_OPS.get() or depth >= _config.MAX_PENDING_DEPTH.get():
             self.flush("graph_cap", lane=lane)
 
     def note_task(self, lane: Lane) -> None:

@@ -218,8 +218,6 @@ def test_optimizer_step_sync_can_be_turned_off():
 
 
 def test_graph_cap_bounds_pending_ops():
-    from lazytpu import _config
-
     x = torch.zeros(4).to("tpu")
     with _config.MAX_PENDING_OPS.override(50):
         lazytpu.metrics.reset()
@@ -227,3 +225,27 @@ def test_graph_cap_bounds_pending_ops():
             x = x + 1
         assert lazytpu.metrics.snapshot()["syncs"].get("graph_cap") == 2
     assert x.cpu().tolist() == [120.0] * 4
+
+
+def test_graph_cap_bounds_the_depth_of_what_is_pending():
+    """Note [Graph depth]: a chain of dependent ops that never syncs is cut every
+    LAZYTPU_MAX_PENDING_DEPTH ops (XLA's compile time grows faster than linearly
+    with depth); as many independent ops are not cut (theirs grows linearly)."""
+    assert _config.MAX_PENDING_DEPTH.get() == 500  # the default
+    x = torch.zeros(4).to("tpu")
+    lazytpu.sync()
+    lazytpu.metrics.reset()
+    y = x
+    for _ in range(1200):
+        y = y + 1
+    assert lazytpu.metrics.snapshot()["syncs"] == {"graph_cap": 2}
+    assert y.cpu().tolist() == [1200.0] * 4
+    lazytpu.metrics.reset()
+    wide = [x + i for i in range(1200)]  # 1200 ops, each one deep
+    assert lazytpu.metrics.snapshot()["syncs"] == {}
+    assert torch.stack(wide).sum().item() == 4 * sum(range(1200))
+    with _config.MAX_PENDING_DEPTH.override(10):
+        lazytpu.metrics.reset()
+        for _ in range(25):
+            y = y * 1.0
+        assert lazytpu.metrics.snapshot()["syncs"] == {"graph_cap": 2}
