@@ -16,12 +16,12 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 
-import attrs
 import jax
 import numpy as np
 import torch
 
 from lazytpu import _config, engine_flush, metrics, runtime
+from lazytpu.engine_flush import DeferredCheck, located
 from lazytpu.fusion import split_roots
 from lazytpu.ir import Aval, Data, Node, Output, PendingGraph
 from lazytpu.ir.graph import RandomCell
@@ -488,37 +488,6 @@ class DeviceContext:
             donate=donated,
             on_compile=lambda lowered: notify("compile", program, lowered),
         )
-
-
-@attrs.frozen(slots=True)
-class DeferredCheck:
-    """A check of values an op computed (Note [Deferred checks]).
-
-    ``run`` raises torch's error for bad values, read once computed;
-    ``guards`` are the op's pending outputs: if the check fails, every value
-    that depends on them fails with its error (Note [Failure isolation]);
-    ``op`` and ``where`` (the user's ``file:line``) name what recorded it.
-    """
-
-    run: Callable[[], None]
-    guards: tuple[Output, ...]
-    op: str
-    where: str | None
-
-    def error(self) -> BaseException | None:
-        """torch's error for the checked values (``located``); else None."""
-        try:
-            self.run()
-        except Exception as exc:  # noqa: BLE001 - torch's error, raised by the flush
-            return located(exc, self.op, self.where)
-        return None
-
-
-def located(exc: BaseException, op: str, where: str | None) -> BaseException:
-    """``exc`` as torch raised it, its message naming the op and the user's line."""
-    if not where:
-        return exc
-    return type(exc)(f"{exc} ({op} recorded at {where})").with_traceback(None)
 
 
 class _ModeState:

@@ -32,11 +32,14 @@ lazytpu.fusion.program). The flush then raises the first error.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import attrs
 import torch
 
 from lazytpu import runtime
 from lazytpu.fusion import FailedInput, build_program, op_node, split_roots
-from lazytpu.ir import Aval, Data
+from lazytpu.ir import Aval, Data, Output
 
 
 def run(ctx, roots: list, runner, first: bool = True) -> tuple[dict, dict]:
@@ -147,3 +150,34 @@ def _recorded_at(program, shown: int = 3) -> str:
         return ""
     more = f" and {len(places) - shown} more places" if len(places) > shown else ""
     return f" (ops recorded at {', '.join(places[:shown])}{more})"
+
+
+@attrs.frozen(slots=True)
+class DeferredCheck:
+    """A check of values an op computed (Note [Deferred checks]).
+
+    ``run`` raises torch's error for bad values, read once computed;
+    ``guards`` are the op's pending outputs: if the check fails, every value
+    that depends on them fails with its error (Note [Failure isolation]);
+    ``op`` and ``where`` (the user's ``file:line``) name what recorded it.
+    """
+
+    run: Callable[[], None]
+    guards: tuple[Output, ...]
+    op: str
+    where: str | None
+
+    def error(self) -> BaseException | None:
+        """torch's error for the checked values (``located``); else None."""
+        try:
+            self.run()
+        except Exception as exc:  # noqa: BLE001 - torch's error, raised by the flush
+            return located(exc, self.op, self.where)
+        return None
+
+
+def located(exc: BaseException, op: str, where: str | None) -> BaseException:
+    """``exc`` as torch raised it, its message naming the op and the user's line."""
+    if not where:
+        return exc
+    return type(exc)(f"{exc} ({op} recorded at {where})").with_traceback(None)

@@ -157,7 +157,7 @@ def test_empty_value_counts_as_unset(monkeypatch):
 
 @pytest.mark.parametrize("value, frozen", [("1", True), ("0", False)])
 def test_import_freezes_the_libraries_objects(value, frozen):
-    """Note [Frozen imports]: torch's and JAX's objects leave the garbage collector's full collections;
+    """torch's and JAX's objects leave the garbage collector's full collections (Note [Frozen imports]);
     objects made afterwards are collected as always."""
     code = (
         "import gc\n"

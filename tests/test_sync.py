@@ -228,9 +228,9 @@ def test_graph_cap_bounds_pending_ops():
 
 
 def test_graph_cap_bounds_the_depth_of_what_is_pending():
-    """Note [Graph depth]: a chain of dependent ops that never syncs is cut every
+    """A chain of dependent ops that never syncs is cut every
     LAZYTPU_MAX_PENDING_DEPTH ops (XLA's compile time grows faster than linearly
-    with depth); as many independent ops are not cut (theirs grows linearly)."""
+    with depth: Note [Graph depth]); as many independent ops are not cut."""
     assert _config.MAX_PENDING_DEPTH.get() == 500  # the default
     x = torch.zeros(4).to("tpu")
     lazytpu.sync()
