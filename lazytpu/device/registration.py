@@ -91,9 +91,9 @@ def _before_optimizer_step(optimizer, args, kwargs) -> None:
 
 
 def _after_optimizer_step(optimizer, args, kwargs) -> None:
-    """The end of ``optimizer.step()`` is a sync point: one program per step
-    even in a loop that never reads a value (asynchronous: it does not wait;
-    dispatched at the next op, Note [Step boundary] in engine)."""
+    """The end of ``optimizer.step()`` is a sync point: the same programs every
+    step even in a loop that never reads a value (asynchronous: it does not
+    wait; dispatched at the next op, Note [Step boundary] in engine)."""
     if not _config.SYNC_ON_OPTIMIZER_STEP.get():
         return
     for index in _optimizer_devices(optimizer):
