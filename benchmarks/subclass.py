@@ -76,7 +76,9 @@ def _wrap_module(module: torch.nn.Module) -> torch.nn.Module:
         for table, make in ((sub._parameters, _parameter), (sub._buffers, wrap)):
             for name, t in table.items():
                 if t is not None:
-                    table[name] = done.setdefault(id(t), make(t))
+                    if id(t) not in done:
+                        done[id(t)] = make(t)
+                    table[name] = done[id(t)]
     return module
 
 

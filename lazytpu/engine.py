@@ -71,8 +71,9 @@ RNG_AVAL = Aval((2,), torch.uint32)
 # programs, not one. The lane's pending values are flushed, without waiting,
 # at two cut points: when a backward pass starts (the first op recorded inside
 # an autograd graph task, ``torch._C._current_graph_task_id()`` no longer -1:
-# ``DeviceContext.note_task``, before the op reads its inputs) and when ``optimizer.step()`` starts (a
-# pre-hook in lazytpu.device.registration), if an op of a backward is pending
+# ``DeviceContext.note_task``, before the op reads its inputs) and when
+# ``optimizer.step()`` starts (a pre-hook in lazytpu.device.registration), if
+# an op of a backward is pending
 # (a step that read its loss after the backward has run that already). The
 # device then computes the forward while the host records the backward, and
 # the backward while it records the optimizer's update; only the last segment
@@ -277,7 +278,7 @@ class DeviceContext:
             self.random.value = Data(runtime.from_host(array, self.index), RNG_AVAL)
 
     # -- record / flush -------------------------------------------------
-    def recorded(self, node: Node, flush: bool = True, segments: bool = True) -> None:
+    def recorded(self, node: Node, flush: bool = True, task: bool = True) -> None:
         """Called after a node is recorded: strict mode flushes here.
 
         ``ops_recorded`` is counted here, in the graph's ``recorded_ops``,
@@ -287,14 +288,15 @@ class DeviceContext:
         view's read, an input of the op being recorded; an op's outputs bound
         one by one): a flush then could donate a buffer that output still
         needs (Note [Donation]). The op flushes once all are bound.
-        ``segments=False`` for a compiled graph's call, which never cuts a
-        step (Note [Step segments]).
+        ``task=False`` where the op's autograd graph task was noted before it
+        read its inputs (``record``), or must not cut a step (a compiled
+        graph's call): Note [Step segments].
         """
         self.graph.recorded_ops += 1
         if flush:
-            self.flush_if_due(segments, node.depth)
+            self.flush_if_due(task, node.depth)
 
-    def flush_if_due(self, segments: bool = True, depth: int = 0) -> None:
+    def flush_if_due(self, task: bool = True, depth: int = 0) -> None:
         """Strict mode flushes after each op; deferred mode at the start of a
         backward pass (Note [Step segments]) and at the graph cap: as many ops
         pending, or an op ``depth`` ops deep (Note [Graph depth] in
@@ -303,7 +305,7 @@ class DeviceContext:
             self.flush("strict")
             return
         lane = self.lane()
-        if segments:
+        if task:
             self.note_task(lane)  # the ops that record() does not record
         if lane.graph.pending_ops >= _config.MAX_PENDING_OPS.get() or depth >= _config.MAX_PENDING_DEPTH.get():
             self.flush("graph_cap", lane=lane)

@@ -436,7 +436,7 @@ class GraphProgram:
                     t._lt_storage.bind(Output(node, k), graph)  # write_value's fast path
                 else:
                     write_value(t, Output(node, k))
-            ctx.recorded(node, segments=False)  # strict mode runs it now; never a step's cut (Note [Step segments])
+            ctx.recorded(node, task=False)  # strict mode runs it now; never a step's cut (Note [Step segments])
         if copies:
             with torch.no_grad():
                 for t, value in copies:

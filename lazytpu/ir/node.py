@@ -76,6 +76,28 @@ class Scalar:
         return type(self.value)
 
 
+def _depth(node) -> int:
+    """A node's depth: one more than its deepest pending input's (a computed
+    value's is 0).
+
+    Note [Graph depth]: XLA's compile time grows with a program's depth, its
+    longest chain of dependent ops, faster than linearly, and with its width
+    about linearly: ``jax.jit`` of 1000 ops (``tanh(y @ W) * 0.5 + y * 0.5 +
+    c``, 64x64) compiles in 15.4 s as one chain, 7.2 s as 2 chains of 500 and
+    3.9 s as 4 of 250 (0.87 s for one of 250, 2.98 s for one of 500). The
+    graph cap (``LAZYTPU_MAX_PENDING_DEPTH``, lazytpu.engine) bounds the depth
+    of what is pending, so a loop that never syncs compiles programs of a
+    bounded time, not one that takes minutes.
+    """
+    deepest = 0
+    for v in node.inputs:
+        if type(v) is Output:
+            d = v.node.depth
+            if d > deepest:
+                deepest = d
+    return deepest + 1
+
+
 @attrs.frozen(slots=True, eq=False)
 class Node:
     """One recorded op. Equality is identity.
@@ -91,7 +113,7 @@ class Node:
     out_avals: tuple[Aval, ...]
     source: Any = None  # where the user recorded it: (code, lasti), see lazytpu.ir.source
     static: Any = None
-    depth: int = attrs.field(init=False, default=attrs.Factory(lambda node: _depth(node.inputs), takes_self=True))
+    depth: int = attrs.field(init=False, default=attrs.Factory(_depth, takes_self=True))
 
     @property
     def sig(self):
@@ -143,28 +165,6 @@ class Output:
     @property
     def aval(self) -> Aval:
         return self.node.out_avals[self.index]
-
-
-def _depth(inputs: tuple) -> int:
-    """A node's depth: one more than its deepest pending input's (a computed
-    value's is 0).
-
-    Note [Graph depth]: XLA's compile time grows with a program's depth, its
-    longest chain of dependent ops, faster than linearly, and with its width
-    about linearly: ``jax.jit`` of 1000 ops (``tanh(y @ W) * 0.5 + y * 0.5 +
-    c``, 64x64) compiles in 15.4 s as one chain, 7.2 s as 2 chains of 500 and
-    3.9 s as 4 of 250 (0.87 s for one of 250, 2.98 s for one of 500). The
-    graph cap (``LAZYTPU_MAX_PENDING_DEPTH``, lazytpu.engine) bounds the depth
-    of what is pending, so a loop that never syncs compiles programs of a
-    bounded time, not one that takes minutes.
-    """
-    deepest = 0
-    for v in inputs:
-        if type(v) is Output:
-            d = v.node.depth
-            if d > deepest:
-                deepest = d
-    return deepest + 1
 
 
 Value = Output | Data | Scalar | Failed
