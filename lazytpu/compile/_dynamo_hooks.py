@@ -17,7 +17,9 @@ tensors, installed together right after ``torch._dynamo`` is imported
    lazytpu's dispatcher and into JAX, which dynamo must not try to compile as
    user code (skipping is per frame: a skipped lazytpu function calling JAX
    would otherwise have JAX's frames traced). Compiled graphs run with dynamo
-   disabled outright (``torch.compiler.disable``).
+   disabled outright (``torch.compiler.disable``). One module is traced:
+   ``lazytpu.generation``, whose step functions are plain torch code written
+   to be compiled (Note [Static generation] in lazytpu.generation).
 
 Then the backends ``"tpu"`` and ``"lazytpu"`` are registered; the compiler
 itself (``lazytpu.compile.backend``, which imports AOTAutograd) loads on the
@@ -39,7 +41,18 @@ import threading
 
 _DYNAMO = "torch._dynamo"
 _BACKEND_NAMES = ("tpu", "lazytpu")
-_SKIPPED = ("lazytpu", "jax", "jaxlib", "ml_dtypes")
+_SKIPPED = ("jax", "jaxlib", "ml_dtypes")
+_TRACED = ("generation",)  # lazytpu's modules of torch code for dynamo to trace
+
+
+def _skipped_modules() -> list[str]:
+    """The libraries dynamo skips, and every module of lazytpu's but ``_TRACED``."""
+    import pkgutil
+
+    import lazytpu
+
+    ours = [f"lazytpu.{m.name}" for m in pkgutil.iter_modules(lazytpu.__path__) if m.name not in _TRACED]
+    return [*ours, *_SKIPPED]
 
 
 class _State:
@@ -85,7 +98,7 @@ def install() -> None:
 
     builder.VariableBuilder._wrap = _wrap
     LazyTensor.__coerce_same_metadata_as_tangent__ = _coerce_same_metadata_as_tangent
-    for package in _SKIPPED:
+    for package in _skipped_modules():
         trace_rules.add(package)
     for name in _BACKEND_NAMES:
         register_backend(compiler_fn=compile_backend, name=name)
