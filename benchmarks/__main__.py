@@ -14,6 +14,10 @@ from benchmarks import settings
 
 def main(argv: list[str] | None = None) -> int:
     args = settings.parse_args(argv)
+    if args.workloads == ["generate"]:
+        from benchmarks import generate  # noqa: PLC0415
+
+        return generate.main(["--threads", str(args.threads), "--out", args.out])
     env = settings.configure_environment(args.threads, warm_cache=args.warm_cache)
     from benchmarks import runner  # noqa: PLC0415 (after the environment is set)
 

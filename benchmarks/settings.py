@@ -34,6 +34,7 @@ import tempfile
 PIPELINE = 10  # steps per wait in the pipelined measurement (Note [Pipelined steady state])
 VARIANTS = ("defer", "defer_whole", "strict", "cpu", "compile", "tpu_compile", "jax", "ideal", "subclass")
 WORKLOAD_NAMES = ("mlp_b32", "mlp_b256", "chain", "transformer", "llama", "gpt2", "bert", "record")
+SEPARATE = ("generate",)  # workloads with a module and measures of their own, run alone (benchmarks.generate)
 DEFAULT_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
@@ -45,7 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=50, help="steady-state steps timed per variant (>= 20 for results)")
     p.add_argument("--warmup", type=int, default=3, help="steps run before timing (step 0 is the first-step time)")
     p.add_argument("--threads", type=int, default=1, help="compute threads for every variant (0: all cores)")
-    p.add_argument("--workloads", default=",".join(WORKLOAD_NAMES), help="comma list of " + ", ".join(WORKLOAD_NAMES))
+    p.add_argument(
+        "--workloads", default=",".join(WORKLOAD_NAMES), help="comma list of " + ", ".join(WORKLOAD_NAMES + SEPARATE)
+    )
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma list of " + ", ".join(VARIANTS))
     p.add_argument(
         "--pipeline",
@@ -66,8 +69,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.workloads = [w for w in args.workloads.split(",") if w]
     args.variants = [v for v in args.variants.split(",") if v]
     for w in args.workloads:
-        if w not in WORKLOAD_NAMES:
-            p.error(f"unknown workload {w!r}: expected one of {', '.join(WORKLOAD_NAMES)}")
+        if w not in WORKLOAD_NAMES + SEPARATE:
+            p.error(f"unknown workload {w!r}: expected one of {', '.join(WORKLOAD_NAMES + SEPARATE)}")
+    if any(w in SEPARATE for w in args.workloads) and len(args.workloads) > 1:
+        p.error(f"{', '.join(SEPARATE)} runs alone: --workloads generate")
     for v in args.variants:
         if v not in VARIANTS:
             p.error(f"unknown variant {v!r}: expected one of {', '.join(VARIANTS)}")
