@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import gc
 
-from lazytpu import _config, compile, debug, distributed, metrics, runtime  # noqa: F401
+from lazytpu import _config, compile, debug, distributed, generation, metrics, runtime  # noqa: F401
 from lazytpu.device import registration
 from lazytpu.engine import EagerMode, sync_all
 
@@ -23,7 +23,7 @@ from lazytpu.engine import EagerMode, sync_all
 from lazytpu.frontend.checks import bounds  # noqa: F401
 from lazytpu.frontend.tensor import LazyTensor
 
-__all__ = ["EagerMode", "LazyTensor", "debug", "metrics", "runtime", "sync"]
+__all__ = ["EagerMode", "LazyTensor", "debug", "generation", "metrics", "runtime", "sync"]
 __version__ = "0.1.0"
 
 
