@@ -57,6 +57,7 @@ the caller, attentions or hidden states in the output, ``synced_gpus``,
 from __future__ import annotations
 
 import copy
+import functools
 import time
 import warnings
 
@@ -227,19 +228,10 @@ def _step(model, scores, unfinished, counted, position, positions, tokens, mask,
     return chosen, unfinished, counted, running, logits, position, positions
 
 
-class _Compiled:
-    """The step functions under ``torch.compile(backend="tpu")``, made on first use (one per process)."""
-
-    def __init__(self) -> None:
-        self.functions: dict = {}
-
-    def __call__(self, fn):
-        if fn not in self.functions:
-            self.functions[fn] = torch.compile(fn, backend="tpu", dynamic=False)
-        return self.functions[fn]
-
-
-_COMPILED = _Compiled()
+@functools.cache
+def _compiled(fn):
+    """``fn`` under ``torch.compile(backend="tpu")``, made on first use (one per process)."""
+    return torch.compile(fn, backend="tpu", dynamic=False)
 
 
 class _Loop:
@@ -308,8 +300,8 @@ class _Loop:
         scores, raw = [], []
         sample = bool(self.config.do_sample)
         fused = compile_step and not (logits_processor or others or sample or keep)
-        step = _COMPILED(_step) if fused else None
-        advance = _COMPILED(_advance) if compile_step else _advance
+        step = _compiled(_step) if fused else None
+        advance = _compiled(_advance) if compile_step else _advance
 
         batch = self.tokens.shape[0]
         unfinished = torch.ones(batch, dtype=torch.bool, device=self.device)
