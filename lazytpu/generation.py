@@ -285,7 +285,10 @@ class _Loop:
     def run(self, logits_processor, stopping_criteria, streamer, check_every: int, compile_step: bool):
         from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 
-        from lazytpu import sync
+        from lazytpu.engine import sync_all
+
+        def sync() -> None:
+            sync_all("lazytpu.sync")  # what lazytpu.sync() does (docs/sync_points.md)
 
         eos = [c.eos_token_id for c in stopping_criteria if isinstance(c, EosTokenCriteria)]
         eos_ids = torch.cat([e.to(self.device).view(-1) for e in eos]) if eos else None

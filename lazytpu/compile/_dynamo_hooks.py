@@ -48,10 +48,10 @@ _TRACED = ("generation",)  # lazytpu's modules of torch code for dynamo to trace
 def _skipped_modules() -> list[str]:
     """The libraries dynamo skips, and every module of lazytpu's but ``_TRACED``."""
     import pkgutil
+    from pathlib import Path
 
-    import lazytpu
-
-    ours = [f"lazytpu.{m.name}" for m in pkgutil.iter_modules(lazytpu.__path__) if m.name not in _TRACED]
+    package = Path(__file__).resolve().parents[1]  # lazytpu/, found without importing it from below
+    ours = [f"lazytpu.{m.name}" for m in pkgutil.iter_modules([str(package)]) if m.name not in _TRACED]
     return [*ours, *_SKIPPED]
 
 
