@@ -481,9 +481,10 @@ class DeviceContext:
             The output buffers, in the order of the program's outputs.
         """
         args, donated = program_args(program, inputs, donate)  # Note [Packed scalars]
+        precision = torch.get_float32_matmul_precision()  # Note [Matmul precision] in lazytpu.lowering.to_jax
         return runner(
-            (program.key, donate, self.index),
-            lambda: lower_program(program),
+            (program.key, donate, self.index, precision),
+            lambda: lower_program(program, precision),
             args,
             index=self.index,
             blocking=MODE.current is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING,

@@ -121,6 +121,20 @@ def test_set_eager_mode_as_a_plain_call_switches():
     assert torch.tpu.eager_mode is EagerMode.DEFER_AND_FUSE
 
 
+def test_docs_say_what_set_eager_mode_does():
+    """The guide, the API reference and the architecture say what the two tests above hold."""
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    said = {name: " ".join((docs / name).read_text().split()) for name in ("modes.md", "api.md", "architecture.md")}
+    assert "Called without `with`, `set_eager_mode(mode)` switches the mode from then on" in said["modes.md"]
+    assert "Called without `with`, it switches the mode from then on" in said["api.md"]
+    assert "`set_eager_mode` (a switch, and a context manager that restores the mode)" in said["architecture.md"]
+    for text in said.values():
+        assert "does nothing" not in text.split("set_eager_mode", 1)[-1][:300]
+        assert "context manager only" not in text
+
+
 HOST_COPIES = {
     "to": lambda x, d: x.to(d),
     "to_transposed": lambda x, d: x.t().to(d),

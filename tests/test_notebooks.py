@@ -58,7 +58,14 @@ def quiet_kernel_env(monkeypatch):
 
 def test_there_are_notebooks():
     names = [p.name for p in NOTEBOOKS]
-    for expected in ("01_quickstart", "02_porting_from_cuda", "03_defer_and_fuse", "04_recompiles", "05_distributed", "06_generation"):
+    for expected in (
+        "01_quickstart",
+        "02_porting_from_cuda",
+        "03_defer_and_fuse",
+        "04_recompiles",
+        "05_distributed",
+        "06_generation",
+    ):
         assert f"{expected}.ipynb" in names
 
 

@@ -109,10 +109,25 @@ def program_args(program, inputs: list, donate: tuple) -> tuple[list, tuple]:
     return args, donate
 
 
-def lower_program(program) -> Callable:
+# torch.get_float32_matmul_precision() -> JAX's default matmul precision (Note [Matmul precision])
+MATMUL_PRECISIONS = {"highest": "highest", "high": "high", "medium": "default"}
+
+
+def lower_program(program, matmul_precision: str = "highest") -> Callable:
     """A function ``f(*args) -> tuple(outputs)`` computing ``program``: its
-    buffers, then its scalars packed (Note [Packed scalars]; ``program_args``)."""
-    run = _lower_unpacked(program)
+    buffers, then its scalars packed (Note [Packed scalars]; ``program_args``).
+
+    Note [Matmul precision]: ``torch.set_float32_matmul_precision`` picks the
+    float32 passes of every product and convolution of a program whose rule
+    leaves the precision to JAX: ``"highest"`` (torch's default) is full
+    float32, as CPU torch computes; ``"high"`` and ``"medium"`` are the
+    platform's faster passes (on TPU three and one bfloat16 passes, on GPU
+    TF32). The setting in effect at the flush is part of the program's key
+    (``DeviceContext.launch``), so changing it compiles the program again and
+    changing it back takes the cached one. XLA:CPU computes float32 in every
+    case.
+    """
+    run = _with_precision(_lower_unpacked(program), MATMUL_PRECISIONS[matmul_precision])
     buffers, scalars = _layout(program.input_kinds)
     if not scalars:
         return run
@@ -128,6 +143,16 @@ def lower_program(program) -> Callable:
         return run(*inputs)
 
     return packed
+
+
+def _with_precision(run: Callable, precision: str) -> Callable:
+    """``run``, traced under JAX's default matmul ``precision`` (Note [Matmul precision])."""
+
+    def traced(*inputs):
+        with jax.default_matmul_precision(precision):
+            return run(*inputs)
+
+    return traced
 
 
 def _lower_unpacked(program) -> Callable:
