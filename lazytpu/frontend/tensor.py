@@ -7,12 +7,13 @@ pending IR value. Every op on it arrives in ``__torch_dispatch__``.
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 
 import torch
 
 from lazytpu import _caches
-from lazytpu.ir import Aval
+from lazytpu.ir import Aval, Storage
 
 _DEVICES: dict[int, torch.device] = {}
 
@@ -66,18 +67,22 @@ def tpu_device(index: int = 0) -> torch.device:
 
 class TensorDesc:
     """What torch knows of a tensor besides its data: size, strides, offset,
-    dtype, and the element count of its storage.
+    dtype, and the element count of its storage (``storage_numel``, in
+    elements of ``dtype``; ``nbytes`` is what ``untyped_storage().nbytes()``
+    reports: that count's bytes, or more for a window past it).
 
     Interned (``describe``): equal descriptions are the same object, so they
     hash and compare by identity — the meta-kernel memo key of a call is a
     tuple of these, cheap to build and to look up.
     """
 
-    __slots__ = ("shape", "stride", "offset", "storage_numel", "dtype", "aval", "__weakref__")
+    __slots__ = ("shape", "stride", "offset", "storage_numel", "dtype", "aval", "nbytes", "__weakref__")
 
     def __init__(self, shape, stride, offset, storage_numel, dtype, aval) -> None:
         self.shape, self.stride, self.offset = shape, stride, offset
         self.storage_numel, self.dtype, self.aval = storage_numel, dtype, aval
+        span = 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if all(shape) else 0
+        self.nbytes = max(storage_numel, offset + span) * dtype.itemsize
 
     def __repr__(self) -> str:
         return f"TensorDesc({list(self.shape)}, stride={self.stride}, offset={self.offset}, {self.dtype})"
@@ -105,6 +110,26 @@ REPRESENTATION = ("_lt_storage", "_lt_desc", "_lt_windowed", "_lt_cache")
 _NOT_USER_STATE = frozenset(REPRESENTATION) | {"_is_param"}
 _TENSOR_DATA = torch._C.TensorBase.data
 
+# Note [Deep copies]: ``copy.deepcopy`` of a tpu tensor copies its storage
+# once per ``deepcopy`` call (the memo is keyed by the storage, as torch keys
+# it by the storage's ``_cdata``): views of one base in the original are
+# views of one base in the copy, and a tensor met twice is copied once. The
+# copy is a new ``Storage`` bound to the same IR value, which is immutable:
+# nothing is computed or moved, a pending value stays pending (computed once,
+# for both), and a write to either storage re-binds only that one. The copy
+# keeps the window, ``requires_grad``, ``.grad`` (copied) and the Python
+# attributes. A Parameter is copied as ``Parameter.__deepcopy__`` copies one
+# on CPU and CUDA: its data cloned, ``requires_grad`` kept, no ``.grad`` and
+# no attributes. torch's own ``Tensor.__deepcopy__`` would clone the tensor
+# alone (a wrapper subclass has no data pointer), then try to deep-copy the
+# storage's lock.
+
+
+def _copied_storage(storage: Storage) -> Storage:
+    """A new storage holding ``storage``'s value (Note [Deep copies])."""
+    with storage.graph.lock:
+        return Storage(storage.value, storage.graph, storage.stride)
+
 
 def user_state(t: torch.Tensor) -> dict:
     """The Python attributes a user (or a library, e.g. Hugging Face's
@@ -131,6 +156,7 @@ class LazyTensor(torch.Tensor):
             dtype=desc.dtype,
             device=tpu_device(storage.graph.index),
             storage_offset=desc.offset,
+            storage_size=desc.nbytes,  # a view's storage is its base's, as on CPU
         )
         t._lt_storage = storage
         t._lt_desc = desc
@@ -178,6 +204,49 @@ class LazyTensor(torch.Tensor):
             if torch._C._current_graph_task_id() == -1:
                 raise
             return BACKEND.on_backward_error(func, args, kwargs or {}, exc)
+
+    def __deepcopy__(self, memo):
+        """``copy.deepcopy``, as torch's for a tensor with storage (Note [Deep copies])."""
+        if not self.is_leaf:
+            raise RuntimeError(
+                "Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol at the "
+                "moment.  If you were attempting to deepcopy a module, this may be because of a "
+                "torch.nn.utils.weight_norm usage, see https://github.com/pytorch/pytorch/pull/103001"
+            )
+        copied = memo.get(id(self))
+        if copied is not None:
+            return copied
+        if vars(self).get("_is_param"):
+            new = self._copied_parameter()
+            memo[id(self)] = new
+            return new
+        storage = self._lt_storage
+        entry = memo.get(id(storage))
+        if entry is None:
+            memo[id(storage)] = entry = (storage, _copied_storage(storage))  # holding it keeps its id from reuse
+        new = LazyTensor(entry[1], self._lt_desc, not self._lt_windowed)
+        if self.requires_grad:
+            new.requires_grad_()
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+        own = vars(new)
+        for name, value in vars(self).items():
+            if name not in REPRESENTATION:
+                own[name] = copy.deepcopy(value, memo)
+        memo[id(self)] = new
+        return new
+
+    def _copied_parameter(self) -> LazyTensor:
+        """``Parameter.__deepcopy__``: a clone of the data, with ``requires_grad``
+        and nothing else (no ``.grad``, no attributes), as on CPU."""
+        if self._lt_windowed:
+            with torch.no_grad():
+                new = self.detach().clone(memory_format=torch.preserve_format)
+        else:
+            new = LazyTensor(_copied_storage(self._lt_storage), self._lt_desc, True)
+        new.requires_grad_(self.requires_grad)
+        new._is_param = True
+        return new
 
     def numpy(self, *args, **kwargs):
         raise TypeError(
