@@ -48,10 +48,25 @@ is at most ``check_every - 1`` wasted steps). The length limit is a host
 counter, and ``max_time`` a host clock. A streamer needs every token on the
 host, so with one the check runs at every token.
 
+An encoder-decoder model (T5) runs the same loop on its decoder (Note
+[Encoder-decoder generation]).
+
 What ``decode`` does not cover runs transformers' own loop with a warning:
-beam search, assisted decoding, encoder-decoder models, a cache passed in by
-the caller, attentions or hidden states in the output, ``synced_gpus``,
-``inputs_embeds`` and other per-token model inputs.
+beam search, assisted decoding, a cache passed in by the caller, attentions
+or hidden states in the output, ``synced_gpus``, ``inputs_embeds`` and other
+per-token model inputs.
+
+Note [Encoder-decoder generation]: transformers runs the encoder before the
+decoding loop, on the prompt at its own length (one program per prompt
+length, once per call). ``decode`` pads the encoder's states, and its
+attention mask with zeros, to the prompt's length bucket: padded positions
+are masked out of the cross-attention, so the decoder computes what it
+computes on the unpadded states. The decoder's prompt (the start token) is
+not padded; its tokens and mask are the buffers above, its cache an
+``EncoderDecoderCache`` of two ``StaticCache``: the self-attention's of the
+cache length, the cross-attention's of the prompt bucket (filled at the
+first step). So the decoder's programs depend only on the batch size, the
+prompt bucket and the cache length, as a decoder-only model's do.
 """
 
 from __future__ import annotations
@@ -66,7 +81,7 @@ import torch
 __all__ = ["decode", "prompt_bucket", "cache_length"]
 
 _MIN_BUCKET = 16
-_HANDLED_KWARGS = {"attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep"}
+_HANDLED_KWARGS = {"attention_mask", "position_ids", "cache", "use_cache", "logits_to_keep", "encoder_outputs"}
 
 
 def prompt_bucket(length: int) -> int:
@@ -153,8 +168,8 @@ def _on_device(obj, device: torch.device):
 
 def _unsupported(model, generation_config, synced_gpus: bool, model_kwargs: dict) -> str | None:
     """Why ``decode`` cannot run this generation, or None."""
-    if model.config.is_encoder_decoder:
-        return "encoder-decoder models"
+    if model.config.is_encoder_decoder and model_kwargs.get("encoder_outputs") is None:
+        return "an encoder-decoder model without encoder outputs"
     if generation_config.num_beams > 1 or generation_config.is_assistant:
         return "beam search and assisted decoding"
     if synced_gpus:
@@ -213,18 +228,33 @@ def _select(scores, unfinished, counted, position, tokens, eos_ids, pad: int, sa
     return chosen, unfinished, counted, unfinished.any()
 
 
-def _advance(model, chosen, mask, position, positions, cache):
+def _forward(model, ids, mask, positions, cache, encoder, **extra):
+    """The model on ``ids``: a decoder-only model, or with ``encoder`` (states, mask) an encoder-decoder's decoder."""
+    if encoder is None:
+        return model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True, **extra)
+    states, encoder_mask = encoder
+    return model(
+        decoder_input_ids=ids,
+        decoder_attention_mask=mask,
+        encoder_outputs=states,
+        attention_mask=encoder_mask,
+        cache=cache,
+        use_cache=True,
+    )
+
+
+def _advance(model, chosen, mask, position, positions, cache, encoder):
     """The model on the chosen tokens: the next step's float32 logits, position and position ids."""
     mask.index_fill_(1, position, 1)
     positions = positions + 1
-    out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+    out = _forward(model, chosen[:, None], mask, positions, cache, encoder)
     return out.logits[:, -1].to(dtype=torch.float32, copy=True), position + 1, positions
 
 
-def _step(model, scores, unfinished, counted, position, positions, tokens, mask, cache, eos_ids, pad: int):
+def _step(model, scores, unfinished, counted, position, positions, tokens, mask, cache, encoder, eos_ids, pad: int):
     """A greedy step with nothing of the caller's between the model's logits and the choice."""
     chosen, unfinished, counted, running = _select(scores, unfinished, counted, position, tokens, eos_ids, pad, False)
-    logits, position, positions = _advance(model, chosen, mask, position, positions, cache)
+    logits, position, positions = _advance(model, chosen, mask, position, positions, cache, encoder)
     return chosen, unfinished, counted, running, logits, position, positions
 
 
@@ -238,7 +268,7 @@ class _Loop:
     """One generation's buffers (Note [Static generation]), built on the host and uploaded."""
 
     def __init__(self, model, input_ids, generation_config, model_kwargs, cache_len, prompt_len):
-        from transformers import StaticCache
+        from transformers import EncoderDecoderCache, StaticCache
 
         self.model = model
         self.config = generation_config
@@ -246,7 +276,9 @@ class _Loop:
         self.prompt = input_ids
         batch, length = input_ids.shape
         self.length = length
-        self.bucket = prompt_len or prompt_bucket(length)
+        seq2seq = model.config.is_encoder_decoder
+        self.encoder = _padded_encoder(model_kwargs, prompt_len, self.device) if seq2seq else None
+        self.bucket = length if seq2seq else (prompt_len or prompt_bucket(length))
         if self.bucket < length:
             raise ValueError(f"prompt_len={self.bucket} is shorter than the prompt ({length} tokens)")
         self.max_new = generation_config.max_length - length
@@ -260,7 +292,7 @@ class _Loop:
         left = self.bucket - length
         self.left = left
         host_ids = input_ids.cpu()
-        mask = model_kwargs.get("attention_mask")
+        mask = None if seq2seq else model_kwargs.get("attention_mask")  # an encoder-decoder's is the encoder's
         host_mask = torch.ones_like(host_ids) if mask is None else mask.cpu().to(torch.long)
         positions = model_kwargs.get("position_ids")
         if positions is None:
@@ -276,7 +308,11 @@ class _Loop:
         self.tokens = tokens.to(self.device)
         self.mask = att.to(self.device)
         self.positions = pos.to(self.device)
-        self.cache = StaticCache(config=model.config, max_cache_len=self.cache_len)
+        decoder_config = model.config.get_text_config(decoder=True)
+        self.cache = StaticCache(config=decoder_config, max_cache_len=self.cache_len)
+        if seq2seq:  # Note [Encoder-decoder generation]
+            cross = StaticCache(config=decoder_config, max_cache_len=self.encoder[1].shape[1])
+            self.cache = EncoderDecoderCache(self.cache, cross)
 
     def window(self, generated: int) -> torch.Tensor:
         """The tokens so far, shaped as transformers' ``input_ids`` (a view: reading only its shape records nothing)."""
@@ -310,13 +346,14 @@ class _Loop:
         unfinished = torch.ones(batch, dtype=torch.bool, device=self.device)
         counted = torch.zeros(batch, dtype=torch.long, device=self.device)
         position = torch.full((1,), self.bucket, dtype=torch.long, device=self.device)
-        out = self.model(
-            input_ids=self.tokens[:, : self.bucket],
-            attention_mask=self.mask,
-            position_ids=self.positions,
-            cache=self.cache,
-            use_cache=True,
-            logits_to_keep=1,
+        out = _forward(
+            self.model,
+            self.tokens[:, : self.bucket],
+            self.mask,
+            self.positions,
+            self.cache,
+            self.encoder,
+            **({} if self.encoder else {"logits_to_keep": 1}),
         )
         logits = out.logits[:, -1].to(dtype=torch.float32, copy=True)
         del out
@@ -326,7 +363,7 @@ class _Loop:
             if fused and done < steps:
                 chosen, unfinished, counted, running, logits, position, positions = step(
                     self.model, logits, unfinished, counted, position, positions,
-                    self.tokens, self.mask, self.cache, eos_ids, self.pad,
+                    self.tokens, self.mask, self.cache, self.encoder, eos_ids, self.pad,
                 )  # fmt: skip
             else:
                 step_scores = logits
@@ -348,7 +385,9 @@ class _Loop:
             if done == steps or any(t.max_time < time.time() - t.initial_timestamp for t in timers):
                 break
             if not fused:
-                logits, position, positions = advance(self.model, chosen, self.mask, position, positions, self.cache)
+                logits, position, positions = advance(
+                    self.model, chosen, self.mask, position, positions, self.cache, self.encoder
+                )
             sync()  # Note [Static generation]: one program per step
             if stop_on_device and (done % check_every == 0 or streamer is not None) and not bool(running):
                 break
@@ -363,14 +402,31 @@ class _Loop:
         sequences = torch.cat([self.prompt.cpu(), tokens], dim=1).to(self.prompt.device)
         if not self.config.return_dict_in_generate:
             return sequences
-        from transformers.generation.utils import GenerateDecoderOnlyOutput
+        from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerateEncoderDecoderOutput
 
-        return GenerateDecoderOnlyOutput(
+        output = GenerateEncoderDecoderOutput if self.encoder else GenerateDecoderOnlyOutput
+        return output(
             sequences=sequences,
             scores=tuple(scores[:generated]) if self.config.output_scores else None,
             logits=tuple(raw[:generated]) if self.config.output_logits else None,
             past_key_values=self.cache if self.config.use_cache else None,
         )
+
+
+def _padded_encoder(model_kwargs: dict, prompt_len: int | None, device: torch.device) -> tuple:
+    """The encoder's outputs and attention mask, padded to the prompt's bucket (Note [Encoder-decoder generation])."""
+    outputs = model_kwargs["encoder_outputs"]
+    states = outputs.last_hidden_state
+    batch, length = states.shape[:2]
+    bucket = prompt_len or prompt_bucket(length)
+    if bucket < length:
+        raise ValueError(f"prompt_len={bucket} is shorter than the prompt ({length} tokens)")
+    mask = model_kwargs.get("attention_mask")
+    host_mask = torch.zeros((batch, bucket), dtype=torch.long)
+    host_mask[:, :length] = 1 if mask is None else mask.cpu().to(torch.long)
+    padded = copy.copy(outputs)
+    padded["last_hidden_state"] = torch.nn.functional.pad(states.to(device), (0, 0, 0, bucket - length))
+    return padded, host_mask.to(device)
 
 
 def _pad_id(generation_config) -> int:

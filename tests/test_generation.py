@@ -173,21 +173,37 @@ def test_what_decode_does_not_cover_runs_transformers_loop_with_a_warning():
     assert torch.equal(got.cpu(), want)
 
 
-def test_encoder_decoder_greedy_tokens_equal_cpu():
+def _t5():
     config = transformers.T5Config(
         vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
         decoder_start_token_id=0, pad_token_id=0, eos_token_id=EOS, dropout_rate=0.0,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = transformers.T5ForConditionalGeneration(config).eval()
-    prompt = _prompt(2, 8)
-    want = model.generate(**prompt, max_new_tokens=8, do_sample=False)
+    return transformers.T5ForConditionalGeneration(config).eval()
+
+
+def test_encoder_decoder_greedy_tokens_equal_cpu_and_compile_nothing_per_token():
+    """T5 runs the loop on its decoder, the encoder's states padded to the bucket
+    (Note [Encoder-decoder generation])."""
+    model = _t5()
+    cases = [(2, 8, 8), (2, 11, 20), (1, 5, 12)]  # batch, prompt length, new tokens
+    expected = [model.generate(**_prompt(b, n), max_new_tokens=m, do_sample=False) for b, n, m in cases]
     model.to("tpu")
-    on_tpu = {k: v.to("tpu") for k, v in prompt.items()}
-    with pytest.warns(UserWarning, match="encoder-decoder"):
-        got = model.generate(**on_tpu, custom_generate=generation.decode, max_new_tokens=8, do_sample=False)
-    assert torch.equal(got.cpu(), want)
-    assert torch.equal(model.generate(**on_tpu, max_new_tokens=8, do_sample=False).cpu(), want)
+    for (batch, length, new), want in zip(cases, expected):
+        tokens, _ = _decode(model, _prompt(batch, length), "tpu", max_new_tokens=new, do_sample=False)
+        assert torch.equal(tokens, want), (batch, length, new)
+    # Warm: the same prompt length with another max_new_tokens compiles nothing; another length of
+    # the bucket compiles only what transformers runs before the loop (the encoder, its input checks).
+    want = model.cpu().generate(**_prompt(2, 11), max_new_tokens=30, do_sample=False)
+    model.to("tpu")
+    tokens, warm = _decode(model, _prompt(2, 11), "tpu", max_new_tokens=30, do_sample=False)
+    assert torch.equal(tokens, want)
+    assert warm["programs_compiled"] == 0 and warm["cpu_fallbacks"] == {}
+    _, other_length = _decode(model, _prompt(2, 9), "tpu", max_new_tokens=30, do_sample=False)
+    assert 0 < other_length["programs_compiled"] <= 3
+    # transformers' own loop on tpu: the same tokens, a program per token
+    on_tpu = {k: v.to("tpu") for k, v in _prompt(2, 11).items()}
+    assert torch.equal(model.generate(**on_tpu, max_new_tokens=3, do_sample=False).cpu(), want[:, :4])
 
 
 def test_a_cache_too_short_is_an_error_before_any_work():
