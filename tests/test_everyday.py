@@ -124,3 +124,61 @@ def test_storage_sizes_as_on_cpu(make):
     """A view reports its base's storage, as on CPU."""
     assert _storage_facts(make("tpu")) == _storage_facts(make("cpu"))
     assert make("tpu").untyped_storage().device.type == "tpu"
+
+
+# -- lazy modules -----------------------------------------------------------------------
+
+LAZY_MODULES = {
+    "linear": (lambda: nn.LazyLinear(3), (4, 5)),
+    "conv2d": (lambda: nn.LazyConv2d(4, 3), (2, 3, 6, 6)),
+    "batchnorm1d": (lambda: nn.LazyBatchNorm1d(), (4, 5)),
+}
+
+
+@pytest.mark.parametrize("name", LAZY_MODULES)
+def test_lazy_module_moved_before_its_first_forward(name):
+    """As on CUDA: ``.to("tpu")`` keeps the parameters uninitialized (the same
+    objects, now on tpu); the first forward materializes them there. With
+    CPU's seed-initialized weights loaded, forward, backward and a step equal CPU's."""
+    make, shape = LAZY_MODULES[name]
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    reference = make()
+    reference(x)  # initialized on CPU
+    model = make()
+    weight = model.weight
+    model.to("tpu")
+    assert model.weight is weight and nn.parameter.is_lazy(weight) and model.has_uninitialized_params()
+    assert isinstance(weight, nn.parameter.UninitializedParameter) and weight.device.type == "tpu"
+    assert all(b.device.type == "tpu" for b in model.buffers())
+    with pytest.raises(RuntimeError, match="Can't access the shape of an uninitialized parameter"):
+        _ = weight.shape
+    model(x.to("tpu"))
+    assert not any(nn.parameter.is_lazy(t) for t in (*model.parameters(), *model.buffers()))
+    assert model.weight is weight and type(model) is type(reference)
+    assert isinstance(weight, nn.Parameter) and not nn.parameter.is_lazy(weight)
+    assert weight.device.type == "tpu" and weight.shape == reference.weight.shape
+    assert [(k, v.shape, v.dtype) for k, v in model.state_dict().items()] == [
+        (k, v.shape, v.dtype) for k, v in reference.state_dict().items()
+    ]
+    model.load_state_dict(reference.state_dict())
+    outs = {}
+    for device, m in (("cpu", reference), ("tpu", model)):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        out = m(x.to(device))
+        out.square().sum().backward()
+        opt.step()
+        outs[device] = (_host(out), {k: _host(v) for k, v in m.state_dict().items()})
+    torch.testing.assert_close(outs["tpu"], outs["cpu"])
+
+
+def test_lazy_module_round_trips_and_copies_uninitialized():
+    model = nn.LazyLinear(3).to("tpu")
+    twin = copy.deepcopy(model)
+    assert nn.parameter.is_lazy(twin.weight) and twin.weight.device.type == "tpu"
+    back = model.cpu()
+    assert type(back.weight) is nn.parameter.UninitializedParameter and back.weight.device.type == "cpu"
+    torch.manual_seed(0)
+    source = nn.Linear(5, 3)
+    twin.load_state_dict(source.state_dict())  # materializes on tpu, as on CUDA
+    assert twin.weight.device.type == "tpu" and torch.equal(twin.weight.cpu(), source.weight.detach())

@@ -24,6 +24,18 @@ torch's ``__future__`` conversion flags torch's semantics apply unchanged.
 
 Conversions between ``tpu`` dtypes take torch's in-place path; Note [Setting
 .data] makes it rebind the value.
+
+Note [Lazy modules on tpu]: on CUDA, ``nn.LazyLinear(3).to("cuda")`` keeps
+its parameters uninitialized, now on CUDA (``UninitializedParameter.to``
+returns one), and the first forward materializes them there. A tpu tensor is
+a ``LazyTensor``, which torch's ``UninitializedParameter`` and
+``UninitializedBuffer`` cannot hold, so the tpu twins below are both: torch's
+uninitialized class (``is_lazy``, ``materialize``, its errors on use) over a
+``LazyTensor`` (the device, and ``materialize``'s ``self.data = ...``), which
+they become when materialized. ``keep_parameters`` gives an uninitialized
+parameter or buffer that a conversion moves to or from tpu the class of its
+new device before torch's pass (whose ``UninitializedBuffer.to("tpu")``
+would fail), the Parameter object kept as above.
 """
 
 from __future__ import annotations
@@ -31,8 +43,67 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch.nn import parameter
 
 from lazytpu.frontend.tensor import LazyTensor, user_state
+
+
+def _uninitialized_on_tpu(cls, requires_grad: bool, device, dtype):
+    empty = torch.empty(0, device="tpu" if device is None else device, dtype=dtype)
+    t = LazyTensor.__new__(cls, empty._lt_storage, empty._lt_desc, True)
+    t.requires_grad = requires_grad
+    return t
+
+
+class UninitializedParameter(parameter.UninitializedParameter, LazyTensor):
+    """torch's ``UninitializedParameter`` on tpu (Note [Lazy modules on tpu])."""
+
+    cls_to_become = LazyTensor  # a tpu Parameter is a LazyTensor marked ``_is_param``
+
+    def __new__(cls, requires_grad=True, device=None, dtype=None):
+        t = _uninitialized_on_tpu(cls, requires_grad, device, dtype)
+        t._is_param = True
+        return t
+
+
+class UninitializedBuffer(parameter.UninitializedBuffer, LazyTensor):
+    """torch's ``UninitializedBuffer`` on tpu (Note [Lazy modules on tpu])."""
+
+    cls_to_become = LazyTensor
+
+    def __new__(cls, requires_grad=False, device=None, dtype=None):
+        return _uninitialized_on_tpu(cls, requires_grad, device, dtype)
+
+
+def _uninitialized_as(old, new):
+    """An uninitialized tensor of ``old``'s kind on ``new``'s device, of ``new``'s dtype."""
+    kind = "parameter" if isinstance(old, parameter.UninitializedParameter) else "buffer"
+    on_tpu = new.device.type == "tpu"
+    cls = {
+        ("parameter", True): UninitializedParameter,
+        ("parameter", False): parameter.UninitializedParameter,
+        ("buffer", True): UninitializedBuffer,
+        ("buffer", False): parameter.UninitializedBuffer,
+    }[kind, on_tpu]
+    return cls(old.requires_grad, new.device, new.dtype)
+
+
+def _convert_uninitialized(module, fn) -> None:
+    """Give ``module``'s uninitialized parameters and buffers that ``fn`` moves
+    to or from tpu the class of their new device first (Note [Lazy modules on
+    tpu]); torch's pass then finds them converted. Where ``fn`` takes them is
+    read from what it makes of an empty tensor like them."""
+    for table in (module._parameters, module._buffers):
+        for key, old in table.items():
+            if not parameter.is_lazy(old):
+                continue
+            probe = torch.empty(0, dtype=old.dtype, device=old.device)
+            with torch.no_grad():
+                moved = fn(probe)
+            if moved is probe or "tpu" not in (old.device.type, moved.device.type):
+                continue
+            new = _uninitialized_as(old, moved)
+            table[key] = _swapped_into(old, new) if table is module._parameters else new
 
 
 def _swapped_into(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -57,11 +128,12 @@ def keep_parameters(apply):
 
     @functools.wraps(apply)
     def _apply(self, fn, recurse=True):
-        before = dict(self._parameters)
-        out = apply(self, fn, recurse)
         future = torch.__future__
         if future.get_overwrite_module_params_on_conversion() or future.get_swap_module_params_on_conversion():
-            return out
+            return apply(self, fn, recurse)
+        _convert_uninitialized(self, fn)
+        before = dict(self._parameters)
+        out = apply(self, fn, recurse)
         params = self._parameters
         for key, old in before.items():
             new = params.get(key)

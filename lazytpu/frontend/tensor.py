@@ -131,6 +131,18 @@ def _copied_storage(storage: Storage) -> Storage:
         return Storage(storage.value, storage.graph, storage.stride)
 
 
+def _plain(tree):
+    """``tree`` with each tensor of a subclass of ``LazyTensor`` replaced by a
+    ``LazyTensor`` on its storage (the routes take exactly ``LazyTensor``)."""
+    if isinstance(tree, LazyTensor) and type(tree) is not LazyTensor:
+        return LazyTensor(tree._lt_storage, tree._lt_desc, not tree._lt_windowed)
+    if type(tree) in (tuple, list):
+        return type(tree)(_plain(x) for x in tree)
+    if type(tree) is dict:
+        return {k: _plain(v) for k, v in tree.items()}
+    return tree
+
+
 def user_state(t: torch.Tensor) -> dict:
     """The Python attributes a user (or a library, e.g. Hugging Face's
     ``_is_hf_initialized``) set on ``t``: what ``param.data = new`` keeps."""
@@ -194,6 +206,8 @@ class LazyTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if cls is not LazyTensor:  # an uninitialized parameter on tpu (Note [Lazy modules on tpu] in module_conversion)
+            args, kwargs = _plain((args, kwargs or {}))
         try:
             return BACKEND.dispatch(func, args, kwargs or {})
         except Exception as exc:

@@ -107,4 +107,4 @@ def native_batch_norm_backward(
         grad_x = (g - _channel(sum_g / n, x) - xhat * _channel(sum_gx / n, x)) * scale
     else:
         grad_x = g * scale
-    return tuple(grad for grad, wanted in zip((grad_x, sum_gx, sum_g), output_mask) if wanted)
+    return grad_x, sum_gx, sum_g  # every output, as the meta kernel says: an unwanted one is dead code

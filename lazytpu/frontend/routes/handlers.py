@@ -9,6 +9,7 @@ import math
 
 import jax
 import torch
+from torch.nn.parameter import UninitializedTensorMixin
 
 from lazytpu import runtime
 from lazytpu.engine import DeferredCheck, context
@@ -70,6 +71,8 @@ def to_device(src: LazyTensor, index: int) -> LazyTensor:
 @handles(aten.copy_.default)
 def copy_(func, args, kwargs):
     dst, src = args[0], args[1]
+    if isinstance(src, UninitializedTensorMixin):  # a lazy module's .to("tpu"): Note [Lazy modules on tpu]
+        src = src.data
     if type(dst) is not LazyTensor:  # tpu -> cpu
         return dst.copy_(hostio.to_cpu(src))
     check_overlap(func, args, kwargs, dst)  # Note [Overlapping writes]
