@@ -73,6 +73,36 @@ def _lstsq(a, b, rcond=None, *, driver=None):
     return solution, residuals, rank, sv
 
 
+def _check_cell(input_gates, hidden_gates, hx, input_bias, hidden_bias, factor: int) -> None:
+    """The size checks of the fused RNN cells (``checkSizes`` in ``cuda/RNN.cu``)."""
+    torch._check(input_gates.dim() == 2 and hidden_gates.shape == input_gates.shape, lambda: "gates must be 2-D, alike")
+    if input_bias is not None:
+        torch._check(input_bias.shape == (input_gates.shape[1],) == hidden_bias.shape, lambda: "bad bias sizes")
+    expected = input_gates.shape[0] * input_gates.shape[1] // factor
+    torch._check(hx.dim() == 2 and hx.numel() == expected, lambda: f"prev_hidden must have {expected} elements")
+
+
+def _lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    """``(hy, cy, workspace)``; torch's meta kernel reads ``.device`` of a missing bias."""
+    _check_cell(input_gates, hidden_gates, cx, input_bias, hidden_bias, 4)
+    return cx.new_empty(cx.shape), cx.new_empty(cx.shape), input_gates.new_empty(input_gates.shape)
+
+
+def _gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    """``(hy, workspace)``: the workspace holds five hidden-sized blocks
+    (Note [Fused RNN cells] in lazytpu.lowering.rnn)."""
+    _check_cell(input_gates, hidden_gates, hx, input_bias, hidden_bias, 3)
+    return hx.new_empty(hx.shape), hx.new_empty((hx.shape[0], 5 * hx.shape[1]))
+
+
+def _gru_cell_backward(grad_hy, workspace, has_bias):
+    """The gates' gradients, ``grad_hx``, and the biases' gradients with a bias."""
+    torch._check(workspace.shape == (grad_hy.shape[0], 5 * grad_hy.shape[1]), lambda: "bad workspace size")
+    gates = (grad_hy.shape[0], 3 * grad_hy.shape[1])
+    biases = (workspace.new_empty(gates[1:]), workspace.new_empty(gates[1:])) if has_bias else (None, None)
+    return workspace.new_empty(gates), workspace.new_empty(gates), grad_hy.new_empty(grad_hy.shape), *biases
+
+
 SHAPES = {
     # the meta kernels of ``<<`` and ``>>`` refuse bool operands, which CPU promotes
     # (``bool << 1`` is int64) as ``bitwise_*_shift``'s meta kernels do; for a bool or
@@ -84,6 +114,9 @@ SHAPES = {
     aten.linalg_lstsq.default: _lstsq,
     aten._ctc_loss_backward.default: _like_input,
     aten.geqrf.default: _geqrf,
+    aten._thnn_fused_lstm_cell.default: _lstm_cell,
+    aten._thnn_fused_gru_cell.default: _gru_cell,
+    aten._thnn_fused_gru_cell_backward.default: _gru_cell_backward,
     aten.multi_margin_loss_backward.default: _like_input,
     aten.multilabel_margin_loss_backward.default: _like_input,
     aten.fractional_max_pool3d_backward.default: _like_input,

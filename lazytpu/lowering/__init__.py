@@ -21,6 +21,7 @@ from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
     random,
     reduction,
     reduction_ext,
+    rnn,
     scatter_ext,
     shape,
     sorting,

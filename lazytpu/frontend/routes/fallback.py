@@ -43,8 +43,23 @@ DATA_DEPENDENT = frozenset(
 )
 
 
+# Note [Composite kernels on device]: an op torch implements once for every
+# backend by calling other ops (a CompositeExplicitAutograd kernel) still
+# reaches ``__torch_dispatch__`` first, as the whole op. For the ops listed,
+# torch's own kernel runs instead of the CPU one: the ops it calls come back
+# here as ``tpu`` ops, and what it makes on the host stays there.
+# ``_pack_padded_sequence`` (``pack_padded_sequence``) reads the lengths on
+# the host, slices and concatenates the input, and returns ``batch_sizes``
+# on the CPU, as torch requires of a ``PackedSequence``.
+_COMPOSITE_KERNELS = frozenset({aten._pack_padded_sequence.default})
+_COMPOSITE = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+
+
 def cpu_fallback(func, args, kwargs, *, data_dependent: bool = False):
-    """Run ``func`` on CPU torch; copy mutated inputs and results back."""
+    """Run ``func`` on CPU torch; copy mutated inputs and results back
+    (Note [Composite kernels on device]: or run torch's backend-independent kernel)."""
+    if func in _COMPOSITE_KERNELS:
+        return func.redispatch(_COMPOSITE, *args, **kwargs)
     name = str(func)
     if data_dependent:
         reason = "data_dependent"
