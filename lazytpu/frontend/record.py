@@ -205,7 +205,7 @@ class _Plan:
 
     def __init__(self, func, template, meta_out, rule, device_index) -> None:
         metas = [meta_out] if isinstance(meta_out, torch.Tensor) else list(meta_out)
-        tensors = [m for m in metas if isinstance(m, torch.Tensor)]
+        tensors = [t for m in metas for t in (m if _tensor_list(m) else (m,)) if isinstance(t, torch.Tensor)]
         self.descs = tuple(describe(m.shape, _value_stride(func, m), 0, m.numel(), m.dtype) for m in tensors)
         out_avals = tuple(d.aval for d in self.descs)
         self.random = rule.random
@@ -223,13 +223,23 @@ class _Plan:
             self.layout, self.container = None, None
         else:
             it = iter(range(len(tensors)))
-            self.layout = tuple(next(it) if isinstance(m, torch.Tensor) else ("const", m) for m in metas)
+            self.layout = tuple(
+                next(it) if isinstance(m, torch.Tensor) else [next(it) for _ in m] if _tensor_list(m) else ("const", m)
+                for m in metas
+            )
             self.container = tuple if isinstance(meta_out, tuple) else list
 
     def pack(self, outs):
         if self.layout is None:
             return outs[0]
-        return self.container(outs[e] if type(e) is int else e[1] for e in self.layout)
+        return self.container(
+            outs[e] if type(e) is int else [outs[i] for i in e] if type(e) is list else e[1] for e in self.layout
+        )
+
+
+def _tensor_list(m) -> bool:
+    """A ``Tensor[]`` among an op's outputs (``(Tensor[] self_out, Tensor found_inf_out)``)."""
+    return type(m) is list and all(isinstance(t, torch.Tensor) for t in m)
 
 
 def _count_slots(leaf) -> int:

@@ -1,6 +1,7 @@
 """Lowering: aten ops to JAX, one pure rule per op, in per-family files."""
 
 from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
+    amp,
     attention,
     checks,
     conv,

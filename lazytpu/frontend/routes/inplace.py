@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 import torch
@@ -9,7 +10,7 @@ import torch
 from lazytpu import _caches
 from lazytpu._dtypes import type_name
 from lazytpu.frontend.checks.overlap import check_overlap
-from lazytpu.frontend.checks.probe import cpu_probe
+from lazytpu.frontend.checks.probe import cpu_error, cpu_probe, split
 from lazytpu.frontend.metas import MetaUnavailable
 from lazytpu.frontend.record import ROUTES, check_generator, check_with_meta, plan_key, record
 from lazytpu.frontend.routes.fallback import DATA_DEPENDENT, cpu_fallback
@@ -91,7 +92,56 @@ def _functional_recipe(func, functional, n_args: int, kwarg_names: tuple) -> tup
 _INPLACE_CHECKED = _caches.memo("inplace_checked")
 
 
+@functools.cache
+def _written_several(func) -> tuple[str, ...]:
+    """The names of the arguments ``func`` writes, when it writes more than
+    one tensor (a list, or several arguments); empty otherwise.
+
+    Note [Several written arguments]: an in-place op that writes a list or
+    several arguments (GradScaler's ``_amp_foreach_non_finite_check_and_unscale_``
+    and ``_amp_update_scale_``) has a functional form returning the new value
+    of each written argument, in schema order (torchgen's functional
+    variants); each is written into its argument. torch's checks of these ops
+    live in their CPU kernels (dtypes, one-element tensors): they run once per
+    call signature on stand-ins of one element or none (Note [CPU probes]),
+    so a model's gradients are not copied for them."""
+    written = [a for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if len(written) == 1 and not isinstance(written[0].type, torch.ListType):
+        return ()
+    return tuple(a.name for a in written)
+
+
+def _small_stand_in(v):
+    return torch.zeros(v.shape if v.numel() <= 1 else (0,), dtype=v.dtype)
+
+
+def _run_inplace_several(func, functional, args, kwargs, written: tuple[str, ...]):
+    """Note [Several written arguments]."""
+    key, _ = plan_key(func, args, kwargs)
+    if key not in _INPLACE_CHECKED:
+        check_with_meta(func, args, kwargs)
+        error = cpu_error(func, *split(args, kwargs), stand_in=_small_stand_in)
+        if error is not None and not error[1].startswith("Could not run"):  # not a missing CPU kernel
+            raise error[0](error[1])
+        _INPLACE_CHECKED.add(key)
+    call = dict(zip((a.name for a in func._schema.arguments), args), **kwargs)
+    results = _call_functional(func, functional, args, kwargs)
+    if len(written) == 1:  # one written list: the functional form returns one list
+        results = (results,)
+    for name, result in zip(written, results):
+        targets = call[name]
+        listed = isinstance(targets, (list, tuple))
+        for dst, src in zip(targets, result) if listed else ((targets, result),):
+            if type(dst) is not LazyTensor:
+                raise RuntimeError(f"{func}: expected {name} to be on tpu, but found it on {dst.device}")
+            write(dst, src)
+    return args[0] if func._schema.returns else None
+
+
 def run_inplace(func, functional, args, kwargs):
+    written = _written_several(func)
+    if written:
+        return _run_inplace_several(func, functional, args, kwargs, written)
     self = args[0]
     key, _ = plan_key(func, args, kwargs)
     if key not in _INPLACE_CHECKED:
