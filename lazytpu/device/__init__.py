@@ -6,6 +6,7 @@ tables and entry points.
   tagging and the ``Module._apply`` patch (``lazytpu/__init__.py`` calls
   ``registration.register()`` once, at import).
 - ``tpu``: the ``torch.tpu`` module (TorchTPU's names).
+- ``memory``: ``torch.tpu``'s memory functions (Note [Device memory] in lazytpu.runtime.memory).
 - ``autocast``: ``torch.autocast("tpu")`` kernels (Note [Autocast on PrivateUse1]).
 - ``sdpa``: ``F.scaled_dot_product_attention`` as one fused op (Note [SDPA on PrivateUse1]).
 - ``module_conversion``: ``Module.to("tpu")`` keeps Parameters (Note [Module conversion]).

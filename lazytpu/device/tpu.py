@@ -13,6 +13,17 @@ import numpy as np
 import torch
 
 from lazytpu import engine, runtime
+from lazytpu.device.memory import (
+    empty_cache,
+    max_memory_allocated,
+    max_memory_reserved,
+    mem_get_info,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    reset_accumulated_memory_stats,
+    reset_peak_memory_stats,
+)
 from lazytpu.engine import EagerMode
 
 __all__ = [
@@ -20,6 +31,7 @@ __all__ = [
     "current_device",
     "device_count",
     "eager_mode",  # noqa: F822 - a property of the module (see _TpuModule)
+    "empty_cache",
     "get_amp_supported_dtype",
     "get_device_name",
     "get_device_properties",
@@ -29,6 +41,14 @@ __all__ = [
     "is_initialized",
     "manual_seed",
     "manual_seed_all",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_get_info",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats",
     "seed",
     "set_device",
     "set_eager_mode",

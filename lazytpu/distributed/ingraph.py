@@ -41,7 +41,7 @@ from lazytpu.frontend.windows import read, write_value
 from lazytpu.ir import Aval, Node, Output
 from lazytpu.ir.template import Slot, Template
 from lazytpu.lowering.registry import lowering
-from lazytpu.runtime import executor
+from lazytpu.runtime import executor, memory
 
 COLLECTIVE = "lazytpu.collective"
 
@@ -115,4 +115,6 @@ def execute(key, make_fn, inputs: list, *, mesh, index: int = 0, blocking: bool 
     outs = executor.run_program(
         (key, mesh), lambda: _compile(make_fn(), args, mesh, tuple(donate), on_compile), args, blocking
     )
-    return tuple(o.addressable_data(0) for o in outs)
+    local = tuple(o.addressable_data(0) for o in outs)
+    memory.of(index).track(local)  # this process's buffers (not the program's temporaries: Note [Device memory])
+    return local

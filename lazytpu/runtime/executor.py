@@ -11,7 +11,7 @@ import jax
 from jax.sharding import SingleDeviceSharding
 
 from lazytpu import _caches, _config, metrics
-from lazytpu.runtime import persistent
+from lazytpu.runtime import memory, persistent
 from lazytpu.runtime.platform import device
 
 
@@ -158,18 +158,26 @@ def execute(
         on_compile: called with the ``jax.stages.Lowered`` on a cache miss
             (recompile explanations, dumps).
     """
-    return run_program(key, lambda: _compile(key, make_fn(), inputs, index, donate, on_compile), inputs, blocking)
+    return run_program(
+        key,
+        lambda: _compile(key, make_fn(), inputs, index, donate, on_compile),
+        inputs,
+        blocking,
+        index=index,
+        donate=donate,
+    )
 
 
-def run_program(key, compile_fn, args: list, blocking: bool = False):
+def run_program(key, compile_fn, args: list, blocking: bool = False, index: int | None = None, donate: tuple = ()):
     """Run the cached program ``key`` on ``args``, compiling it with
     ``compile_fn()`` on a miss (also the runner of ``distributed.ingraph``):
     steps 4-6 of a flush, cached?, compile, execute (Note [Flush steps] in
-    lazytpu.engine_flush)."""
+    lazytpu.engine_flush). With an ``index``, its buffers are counted on
+    that device (``run_compiled``)."""
     compiled = _CACHE.lookup(key)
     if compiled is None:
         compiled = compile_program(key, compile_fn)
-    return run_compiled(compiled, args, blocking)
+    return run_compiled(compiled, args, blocking, index=index, donate=donate)
 
 
 def compile_program(key, compile_fn):
@@ -181,11 +189,15 @@ def compile_program(key, compile_fn):
     return compiled
 
 
-def run_compiled(compiled, args: list, blocking: bool = False):
+def run_compiled(compiled, args: list, blocking: bool = False, index: int | None = None, donate: tuple = ()):
     """Step 6 of a flush, execute: dispatch ``compiled`` on ``args`` (its
-    outputs are still computing unless ``blocking``)."""
+    outputs are still computing unless ``blocking``). With an ``index``, the
+    program's peak, its ``donate``d inputs and its outputs are counted on
+    that device (Note [Device memory] in lazytpu.runtime.memory)."""
     start = time.perf_counter()
     outputs = compiled(*args)
+    if index is not None:
+        memory.of(index).ran(compiled, args, donate, outputs)
     if blocking:
         jax.block_until_ready(outputs)
     metrics.add("execute_seconds", time.perf_counter() - start)

@@ -6,6 +6,7 @@ import jax
 import numpy as np
 
 from lazytpu import metrics
+from lazytpu.runtime import memory
 from lazytpu.runtime.platform import device
 
 
@@ -16,7 +17,9 @@ def from_host(array: np.ndarray, index: int = 0):
     # may_alias=False when the array views a torch tensor's memory), and a later in-place
     # write to the CPU tensor would then show through on the device. A private copy is the
     # device value's own memory.
-    return jax.device_put(np.array(array, copy=True), device(index))
+    buffer = jax.device_put(np.array(array, copy=True), device(index))
+    memory.of(index).track((buffer,), (array.nbytes,))  # Note [Device memory]
+    return buffer
 
 
 def to_host(buffer) -> np.ndarray:

@@ -1,0 +1,128 @@
+"""``torch.tpu``'s memory functions, named as ``torch.cuda``'s.
+
+The numbers are the runtime's (Note [Device memory] in lazytpu.runtime.memory):
+the device's own statistics where PJRT has them, lazytpu's count of its
+buffers otherwise (XLA:CPU). See docs/memory_and_streams.md.
+
+Note [Accelerator memory API]: ``torch.accelerator.memory_allocated()`` and
+the other ``torch.accelerator`` memory functions do not reach a Python
+backend in torch 2.13: they ask the device type's C++ allocator
+(``torch._C._accelerator_getDeviceStats`` and friends), which must be a
+``c10::DeviceAllocator``, and a Python backend has no way to register one;
+torch raises its internal assert "Allocator for tpu is not a
+DeviceAllocator". Use ``torch.tpu.memory_allocated()`` and the rest of this
+module.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+
+import torch
+
+from lazytpu.runtime import memory as device_memory
+
+
+def device_index(device=None) -> int:
+    """The index of ``device``: an int, ``"tpu:1"``, a ``torch.device``, or
+    None for the current device (``torch.tpu.current_device()``).
+
+    Raises:
+        ValueError: ``device`` is not a tpu device (as ``torch.cuda``'s
+            functions raise for another device type).
+    """
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    if device is None:
+        return torch.get_device_module("tpu").current_device()
+    parsed = torch.device(device)
+    if parsed.type != "tpu":
+        raise ValueError(f"Expected a tpu device, but got: {parsed}")
+    return torch.get_device_module("tpu").current_device() if parsed.index is None else parsed.index
+
+
+def _counts(device) -> dict:
+    return device_memory.of(device_index(device)).snapshot()
+
+
+def memory_allocated(device=None) -> int:
+    """Bytes of device memory held by tensors' buffers now (values still
+    pending in defer mode count once computed)."""
+    return _counts(device)["current"]
+
+
+def max_memory_allocated(device=None) -> int:
+    """The largest ``memory_allocated`` since the start or the last
+    ``reset_peak_memory_stats``, counting each program's temporaries while
+    it runs (XLA's memory analysis of the program)."""
+    return _counts(device)["peak"]
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    """Make the peaks start again from the memory in use now."""
+    device_memory.of(device_index(device)).reset_peak()
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    """Set the totals (bytes and buffers allocated and freed) to zero."""
+    device_memory.of(device_index(device)).reset_totals()
+
+
+def _reserved(counts: dict) -> tuple[int, int]:
+    """Reserved bytes now and at the peak: the device allocator's pool where
+    PJRT reports one, else the allocated bytes (XLA:CPU has no caching allocator)."""
+    stats = counts["device"] or {}
+    for now, peak in (("pool_bytes", "peak_pool_bytes"), ("bytes_reserved", "peak_bytes_reserved")):
+        if now in stats:
+            return stats[now], max(stats.get(peak, 0), stats[now])
+    return counts["current"], counts["peak"]
+
+
+def memory_reserved(device=None) -> int:
+    """Bytes the device's allocator holds: ``memory_allocated`` on XLA:CPU."""
+    return _reserved(_counts(device))[0]
+
+
+def max_memory_reserved(device=None) -> int:
+    """The peak of ``memory_reserved`` (``max_memory_allocated`` on XLA:CPU)."""
+    return _reserved(_counts(device))[1]
+
+
+def memory_stats(device=None) -> collections.OrderedDict:
+    """The memory statistics as ``torch.cuda.memory_stats`` names its main ones.
+
+    ``allocated_bytes.all.{current,peak,allocated,freed}`` (bytes),
+    ``allocation.all.{current,peak,allocated,freed}`` (buffers),
+    ``active_bytes.all.*`` and ``active.all.*`` (the same: a buffer is
+    active while held), ``reserved_bytes.all.{current,peak}``, and
+    ``num_device_alloc``/``num_device_free``. Where PJRT reports statistics
+    of its own, they follow as ``device.<name>``. Sorted by name, as torch's.
+    """
+    counts = _counts(device)
+    reserved, reserved_peak = _reserved(counts)
+    stats = {"num_device_alloc": counts["count_allocated"], "num_device_free": counts["count_freed"]}
+    # bytes and buffers: torch's allocated/active pairs (a buffer is active while it is held)
+    for prefixes, count in ((("allocated_bytes", "active_bytes"), ""), (("allocation", "active"), "count_")):
+        for prefix in prefixes:
+            stats |= {f"{prefix}.all.{k}": counts[count + k] for k in ("current", "peak", "allocated", "freed")}
+    stats |= {"reserved_bytes.all.current": reserved, "reserved_bytes.all.peak": reserved_peak}
+    stats |= {f"device.{k}": v for k, v in (counts["device"] or {}).items()}
+    return collections.OrderedDict(sorted(stats.items()))
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    """``(free, total)`` bytes of the device: from PJRT's ``bytes_limit``
+    where it reports one; on XLA:CPU the host's available and physical memory."""
+    stats = _counts(device)["device"] or {}
+    if "bytes_limit" in stats:
+        total = int(stats["bytes_limit"])
+        return max(0, total - int(stats.get("bytes_in_use", 0))), total
+    page = os.sysconf("SC_PAGE_SIZE")
+    return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+
+
+def empty_cache() -> None:
+    """Release cached unused device memory: nothing to do, lazytpu keeps no
+    cache of device memory (a buffer is freed when its last tensor dies), as
+    XLA:CPU has none; on TPU and GPU PJRT's allocator keeps its pool."""
