@@ -7,6 +7,7 @@ tables and entry points.
   ``registration.register()`` once, at import).
 - ``tpu``: the ``torch.tpu`` module (TorchTPU's names).
 - ``memory``: ``torch.tpu``'s memory functions (Note [Device memory] in lazytpu.runtime.memory).
+- ``streams``: ``torch.tpu``'s streams and events (Note [One queue]).
 - ``autocast``: ``torch.autocast("tpu")`` kernels (Note [Autocast on PrivateUse1]).
 - ``sdpa``: ``F.scaled_dot_product_attention`` as one fused op (Note [SDPA on PrivateUse1]).
 - ``module_conversion``: ``Module.to("tpu")`` keeps Parameters (Note [Module conversion]).

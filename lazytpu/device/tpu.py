@@ -24,11 +24,17 @@ from lazytpu.device.memory import (
     reset_accumulated_memory_stats,
     reset_peak_memory_stats,
 )
+from lazytpu.device.streams import Event, Stream, StreamContext, current_stream, default_stream, set_stream, stream
 from lazytpu.engine import EagerMode
 
 __all__ = [
     "EagerMode",
+    "Event",
+    "Stream",
+    "StreamContext",
     "current_device",
+    "current_stream",
+    "default_stream",
     "device_count",
     "eager_mode",  # noqa: F822 - a property of the module (see _TpuModule)
     "empty_cache",
@@ -53,6 +59,8 @@ __all__ = [
     "set_device",
     "set_eager_mode",
     "set_rng_state",
+    "set_stream",
+    "stream",
     "synchronize",
 ]
 

@@ -1,0 +1,322 @@
+"""``torch.tpu`` streams and events, named as ``torch.cuda``'s.
+
+Note [One queue]: a PJRT device runs lazytpu's programs as one in-order
+queue, and a program waits for the buffers it reads, so there is nothing for
+several streams to overlap and nothing for a stream to wait for: every
+``Stream`` is a name for that one queue, and ``wait_stream`` and
+``wait_event`` change nothing (the work that follows them runs after the
+work before them anyway). What the names do keep is their bookkeeping:
+distinct ids, the current stream per thread and device (as CUDA's, per
+thread), ``torch.tpu.stream(s)`` blocks, so code written for CUDA streams
+(FSDP2's, ``torch.distributed.checkpoint``'s) runs unchanged.
+
+An ``Event`` is the point of the queue where it was recorded: recording it
+dispatches what is pending on the device (a sync point, reason ``event``:
+in defer mode nothing runs until then) and remembers the buffers not yet
+computed; it is complete once those are (``query`` asks
+``jax.Array.is_ready``, ``synchronize`` waits). A timing event takes its
+time when its buffers are complete: at once if they already are, else from a
+helper thread that waits for them (only for ``enable_timing=True`` events
+with work outstanding; it exits when none is left), or from a ``query`` or
+``synchronize`` that finds them complete first. So ``elapsed_time`` also
+works after ``torch.tpu.synchronize()``, as on CUDA.
+
+Note [Accelerator streams]: torch 2.13's ``torch.accelerator`` routes
+streams and synchronization through the backend's C++ device guard, and a
+Python backend's guard (``torch._C._acc.DeviceGuard``) lets Python override
+only its device type: ``torch.accelerator.current_stream()`` always returns
+the default stream (``torch.Stream`` id 0, equal to
+``torch.tpu.default_stream()``), ``torch.accelerator.set_stream(s)`` changes
+nothing, and ``torch.accelerator.synchronize()`` raises "Backend doesn't
+support synchronizing all streams on device". ``torch.Stream.wait_event``
+and ``wait_stream`` of torch's own stream accept these events and streams
+and do nothing, which is right for one queue. Use ``torch.tpu.synchronize()``
+and ``torch.tpu.current_stream()``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import itertools
+import os
+import threading
+import time
+
+import jax
+import torch
+
+from lazytpu import engine
+from lazytpu.device.memory import device_index
+from lazytpu.ir import Data
+
+_TPU = int(torch._C._autograd.DeviceType.PrivateUse1)  # the device type code of tpu streams
+_IDS = itertools.count(1)  # new streams' ids; 0 is the default stream's
+
+
+def _tpu_sync(index: int) -> None:
+    torch.get_device_module("tpu").synchronize(index)
+
+
+class Stream(torch.Stream):
+    """A stream of a ``tpu`` device: a name for its one in-order queue (Note [One queue]).
+
+    Args:
+        device: the device (default: the current one).
+        priority: accepted and ignored (one queue has no priorities).
+    """
+
+    def __new__(cls, device=None, priority: int = 0, **kwargs):
+        if "stream_id" in kwargs:  # an existing stream, by its ids
+            return super().__new__(cls, **kwargs)
+        return super().__new__(cls, stream_id=next(_IDS), device_index=device_index(device), device_type=_TPU)
+
+    def wait_event(self, event) -> None:
+        """Make later work on this stream wait for ``event``: it does (Note [One queue])."""
+        event.wait(self)
+
+    def wait_stream(self, stream) -> None:
+        """Make later work on this stream wait for ``stream``'s: it does (Note [One queue])."""
+        _check_tpu(stream)
+
+    def record_event(self, event: Event | None = None) -> Event:
+        """Record ``event`` (a new one if None) on this stream; returns it."""
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        """Whether all work on the device is done; dispatches what is pending."""
+        ctx = engine.context(self.device_index)
+        ctx.flush_all("event")
+        return all(b.is_ready() for b in _device_buffers(ctx))
+
+    def synchronize(self) -> None:
+        """Wait for all work on the device (``torch.tpu.synchronize``)."""
+        _tpu_sync(self.device_index)
+
+    def __enter__(self) -> Stream:
+        context = StreamContext(self)
+        self.__dict__.setdefault("_contexts", []).append(context)
+        context.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._contexts.pop().__exit__(*exc)
+
+    def __repr__(self) -> str:
+        return f"torch.tpu.Stream(device=tpu:{self.device_index} stream_id={self.stream_id})"
+
+
+def _check_tpu(stream) -> None:
+    if not isinstance(stream, torch.Stream) or stream.device_type != _TPU:
+        raise TypeError(f"expected a tpu stream, got {stream!r}")
+
+
+def _as_tpu_stream(stream) -> Stream:
+    _check_tpu(stream)
+    if isinstance(stream, Stream):
+        return stream
+    return Stream(stream_id=stream.stream_id, device_index=stream.device_index, device_type=_TPU)
+
+
+def default_stream(device=None) -> Stream:
+    """The default stream of ``device`` (id 0, as ``torch.accelerator.current_stream()``'s)."""
+    return Stream(stream_id=0, device_index=device_index(device), device_type=_TPU)
+
+
+class _CurrentStreams(threading.local):
+    """Each thread's current stream per device (CUDA's current stream is per thread)."""
+
+    def __init__(self) -> None:
+        self.streams: dict[int, Stream] = {}
+
+
+_CURRENT = _CurrentStreams()
+
+
+def current_stream(device=None) -> Stream:
+    """The calling thread's current stream on ``device`` (the default stream unless set)."""
+    index = device_index(device)
+    found = _CURRENT.streams.get(index)
+    return default_stream(index) if found is None else found
+
+
+def set_stream(stream) -> None:
+    """Make ``stream`` the calling thread's current stream on its device (None: no change)."""
+    if stream is None:
+        return
+    stream = _as_tpu_stream(stream)
+    _CURRENT.streams[stream.device_index] = stream
+
+
+class StreamContext:
+    """Make ``stream`` current on its device for a ``with`` block (None: no change)."""
+
+    def __init__(self, stream) -> None:
+        self.stream = None if stream is None else _as_tpu_stream(stream)
+        self.previous: Stream | None = None
+
+    def __enter__(self) -> Stream | None:
+        if self.stream is not None:
+            self.previous = current_stream(self.stream.device_index)
+            set_stream(self.stream)
+        return self.stream
+
+    def __exit__(self, *exc) -> None:
+        if self.stream is not None:
+            set_stream(self.previous)
+
+
+def stream(stream) -> StreamContext:
+    """``with torch.tpu.stream(s):`` runs the block with ``s`` current (``torch.cuda.stream``)."""
+    return StreamContext(stream)
+
+
+def _device_buffers(ctx) -> list:
+    """The buffers the device holds for the live values of its lanes, and its random state."""
+    buffers = [b for lane in list(ctx.lanes.values()) for b in lane.graph.live_buffers()]
+    if type(ctx.random.value) is Data:
+        buffers.append(ctx.random.value.buffer)
+    return buffers
+
+
+def _outstanding(buffers: list, index: int) -> list:
+    """The ``buffers`` not computed yet. One donated to a later program since
+    (deleted) cannot be asked: what the device holds now stands for it (it
+    comes later in the queue)."""
+    if any(b.is_deleted() for b in buffers):
+        buffers = [b for b in buffers if not b.is_deleted()] + _device_buffers(engine.context(index))
+    return [b for b in buffers if not b.is_deleted() and not b.is_ready()]
+
+
+class Event(torch.Event):
+    """A point of a ``tpu`` device's queue (Note [One queue]).
+
+    Args:
+        enable_timing: keep the time the work before it completed (``elapsed_time``).
+        blocking, interprocess: accepted as ``torch.cuda.Event``'s; ``synchronize``
+            always waits, and interprocess events are not supported.
+    """
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        if interprocess:
+            raise RuntimeError("tpu events do not support interprocess=True")
+        return super().__new__(cls, device="tpu", enable_timing=enable_timing, blocking=blocking)
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self._timing = enable_timing
+        self._index: int | None = None  # the device it was recorded on
+        self._waiting: list = []  # the buffers it waits for
+        self._time: float | None = None  # time.perf_counter() when they were complete
+        self._lock = threading.Lock()
+
+    def record(self, stream=None) -> None:
+        """Dispatch what is pending on ``stream``'s device (default: the
+        current stream) and make this event complete when it has run."""
+        stream = current_stream() if stream is None else _as_tpu_stream(stream)
+        ctx = engine.context(stream.device_index)
+        ctx.flush_all("event")
+        waiting = [b for b in _device_buffers(ctx) if not b.is_ready()]
+        with self._lock:
+            self._index, self._waiting, self._time = stream.device_index, waiting, None
+        if not waiting:
+            self._complete(time.perf_counter())
+        elif self._timing:
+            _TIMER.watch(self, waiting)
+
+    def _complete(self, when: float) -> None:
+        with self._lock:
+            self._waiting = []
+            if self._time is None:
+                self._time = when
+
+    def query(self) -> bool:
+        """Whether the work recorded before this event has run (True if never recorded)."""
+        if self._index is None or not self._waiting:
+            return True
+        left = _outstanding(self._waiting, self._index)
+        if left:
+            self._waiting = left
+            return False
+        self._complete(time.perf_counter())
+        return True
+
+    def synchronize(self) -> None:
+        """Wait until the work recorded before this event has run."""
+        if self._index is None:
+            return
+        jax.block_until_ready(_outstanding(self._waiting, self._index))
+        self._complete(time.perf_counter())
+
+    def wait(self, stream=None) -> None:
+        """Make later work on ``stream`` wait for this event: it does (Note [One queue])."""
+        if stream is not None:
+            _check_tpu(stream)
+
+    def elapsed_time(self, end_event: Event) -> float:
+        """Milliseconds from this event's completion to ``end_event``'s.
+
+        Raises:
+            ValueError: an event was made without ``enable_timing=True``.
+            RuntimeError: an event was not recorded, or has not completed.
+        """
+        if not (self._timing and getattr(end_event, "_timing", False)):
+            raise ValueError("Both events must be created with argument 'enable_timing=True'.")
+        if self._index is None or end_event._index is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        if not (self.query() and end_event.query()):
+            raise RuntimeError("Both events must be completed before calculating elapsed time.")
+        return (end_event._time - self._time) * 1000.0
+
+    def __repr__(self) -> str:
+        where = "not recorded" if self._index is None else f"tpu:{self._index}"
+        return f"torch.tpu.Event({where}, enable_timing={self._timing})"
+
+
+class _Timer:
+    """Takes the times of timing events with work outstanding, on a helper
+    thread that lives while there is some (Note [One queue])."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.queue: collections.deque = collections.deque()
+        self.thread: threading.Thread | None = None
+
+    def watch(self, event: Event, buffers: list) -> None:
+        with self.lock:
+            self.queue.append((event, buffers))
+            if self.thread is not None:
+                return
+            self.thread = threading.Thread(target=self._run, name="lazytpu-event-times", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self.lock:
+                if not self.queue:
+                    self.thread = None
+                    return
+                event, buffers = self.queue.popleft()
+            try:
+                jax.block_until_ready(_outstanding(buffers, event._index))
+            except Exception:  # noqa: BLE001 - a failed program: its error is raised where it is read
+                pass
+            event._complete(time.perf_counter())
+
+    def drain(self, timeout: float = 60.0) -> None:
+        """Wait for the helper thread (at exit: it must not wait on the device while it shuts down)."""
+        thread = self.thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def forget(self) -> None:
+        """In a forked child: the parent's thread is not there."""
+        self.lock = threading.Lock()
+        self.queue.clear()
+        self.thread = None
+
+
+_TIMER = _Timer()
+atexit.register(_TIMER.drain)
+os.register_at_fork(after_in_child=_TIMER.forget)
