@@ -3,6 +3,7 @@
 from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
     amp,
     attention,
+    barrier,
     checks,
     conv,
     elementwise,

@@ -1,0 +1,141 @@
+"""Activation checkpointing saves device memory on ``tpu`` (Note [Recomputation
+barrier] in lazytpu/device/checkpoint.py), with CPU torch's results and gradients.
+
+Peaks are measured with ``torch.tpu.max_memory_allocated`` (on XLA:CPU,
+lazytpu's count of its buffers plus each program's temporaries, Note [Device
+memory] in lazytpu/runtime/memory.py), as the rise over what is allocated
+before the step, so that buffers other tests left alive do not count.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+from jax import export
+from torch.utils.checkpoint import checkpoint
+
+from lazytpu import _config
+from lazytpu.device import checkpoint as tpu_checkpoint
+from lazytpu.lowering.barrier import optimization_barrier
+
+WIDTH, BATCH, LAYERS = 64, 256, 8
+RATIO = 0.6  # the issue's bound: checkpointed peak <= 0.6x the plain one
+
+
+class MLP(nn.Module):
+    def __init__(self, checkpointed: bool, dropout: float = 0.0, layers: int = LAYERS) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            nn.Sequential(
+                nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Dropout(dropout), nn.Linear(4 * WIDTH, WIDTH), nn.Tanh()
+            )
+            for _ in range(layers)
+        )
+        self.checkpointed = checkpointed
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = checkpoint(layer, x, use_reentrant=False) if self.checkpointed else layer(x)
+        return x.square().mean()
+
+
+def _step(device: str, checkpointed: bool, segments: bool = False, dropout: float = 0.0, layers: int = LAYERS):
+    """Loss and gradients of one forward and backward, and on tpu its peak rise in bytes."""
+    torch.manual_seed(0)
+    model = MLP(checkpointed, dropout, layers).to(device)
+    x = torch.randn(BATCH, WIDTH).to(device)
+    rise = None
+    if device == "tpu":
+        torch.tpu.synchronize()
+        gc.collect()
+        torch.tpu.reset_peak_memory_stats()
+        before = torch.tpu.memory_allocated()
+    torch.manual_seed(1)
+    with _config.STEP_SEGMENTS.override(segments):  # False: forward and backward are one fused program
+        loss = model(x)
+        loss.backward()
+        grads = [p.grad for p in model.parameters()]
+        if device == "tpu":
+            torch.tpu.synchronize()
+            rise = torch.tpu.max_memory_allocated() - before
+    return loss.detach().cpu(), [g.cpu() for g in grads], rise
+
+
+def _assert_same(actual, expected):
+    torch.testing.assert_close(actual[0], expected[0], rtol=1e-5, atol=1e-6)
+    for a, e in zip(actual[1], expected[1]):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("segments", [False, True], ids=["fused", "step_segments"])
+def test_checkpointing_saves_memory_with_cpus_results(segments):
+    plain = _step("tpu", checkpointed=False, segments=segments)
+    checkpointed = _step("tpu", checkpointed=True, segments=segments)
+    _assert_same(plain, _step("cpu", checkpointed=False))
+    _assert_same(checkpointed, _step("cpu", checkpointed=True))
+    ratio = checkpointed[2] / plain[2]
+    assert ratio <= RATIO, f"checkpointed peak {checkpointed[2]} B is {ratio:.2f}x the plain {plain[2]} B"
+
+
+def test_without_the_barrier_checkpointing_saves_nothing(monkeypatch):
+    """What the barrier is for: XLA merges the recomputation back (Note [Recomputation barrier])."""
+    monkeypatch.setattr(tpu_checkpoint, "ordered_copies", lambda tensors: tensors)
+    plain = _step("tpu", checkpointed=False)
+    checkpointed = _step("tpu", checkpointed=True)
+    _assert_same(checkpointed, plain)
+    assert checkpointed[2] / plain[2] > 0.9
+
+
+def test_a_dropout_mask_is_recomputed_as_it_was_drawn():
+    """The gradients are those of the forward's mask (Note [Recomputed random ops] in lazytpu/device/checkpoint.py)."""
+    plain = _step("tpu", checkpointed=False, dropout=0.5, layers=2)
+    _assert_same(_step("tpu", checkpointed=True, dropout=0.5, layers=2), plain)
+
+
+def test_strict_mode_checkpointing_matches_cpu():
+    with torch.tpu.set_eager_mode("strict"):
+        _assert_same(_step("tpu", checkpointed=True, layers=2), _step("cpu", checkpointed=True, layers=2))
+
+
+def _shared(a, b, scale):
+    return (a.t() @ b).tanh() * scale + a.sum()
+
+
+def test_views_and_shared_inputs_of_a_checkpoint():
+    x = torch.randn(6, 6)
+    results = {}
+    for device in ("cpu", "tpu"):
+        base = x.clone().to(device).requires_grad_()
+        y = checkpoint(_shared, base.t(), base, 3.0, use_reentrant=False)
+        (y * y).sum().backward()
+        results[device] = (y.detach().cpu(), [base.grad.cpu()])
+    _assert_same(results["tpu"], results["cpu"])
+
+
+def _lowered(platform: str) -> str:
+    shapes = [jax.ShapeDtypeStruct((4,), jnp.float32), jax.ShapeDtypeStruct((2, 2), jnp.float32)]
+    fn = jax.jit(lambda x, tie: optimization_barrier(x, tie, tied=True))
+    return export.export(fn, platforms=[platform])(*shapes).mlir_module()
+
+
+def test_the_barrier_on_cpu_is_a_conditional_and_elsewhere_an_optimization_barrier():
+    cpu = _lowered("cpu")
+    assert "stablehlo.optimization_barrier" not in cpu and ("stablehlo.case" in cpu or "stablehlo.if" in cpu)
+    for platform in ("tpu", "cuda"):  # lowered without the device: what their compilers get
+        assert "stablehlo.optimization_barrier" in _lowered(platform)
+
+
+@pytest.mark.parametrize("tie", [np.nan, -np.inf, 0.0], ids=["nan", "-inf", "zero"])
+def test_the_barrier_keeps_every_value(tie):
+    x = jnp.array([-0.0, np.nan, np.inf, 1.5], jnp.float32)
+    n = jnp.array([3, -7], jnp.int64)
+    out = jax.jit(lambda x, n, t: optimization_barrier(x, n, t, tied=True))(x, n, jnp.full((2,), tie))
+    assert len(out) == 2
+    np.testing.assert_array_equal(np.asarray(out[0]).view(np.int32), np.asarray(x).view(np.int32))  # bits: -0.0 too
+    np.testing.assert_array_equal(np.asarray(out[1]), np.asarray(n))
