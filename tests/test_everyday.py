@@ -182,3 +182,282 @@ def test_lazy_module_round_trips_and_copies_uninitialized():
     source = nn.Linear(5, 3)
     twin.load_state_dict(source.state_dict())  # materializes on tpu, as on CUDA
     assert twin.weight.device.type == "tpu" and torch.equal(twin.weight.cpu(), source.weight.detach())
+
+
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
+def test_storage_values_read_through_a_storage():
+    """Reading a tpu storage's elements copies them to the host, as they are on CPU."""
+    seen = {}
+    for device in DEVICES:
+        x = torch.arange(6.0, device=device)
+        view = x[2:4]
+        memory = torch.empty(0, device=device).set_(view.untyped_storage(), 1, (2, 2), (1, 2))
+        x[1] = 7.0  # seen through the storage, as a write to any view is
+        typed = view.storage()
+        seen[device] = (typed.tolist(), typed[3], view.untyped_storage()[4], _host(memory).tolist())
+    assert seen["tpu"] == seen["cpu"]
+
+
+def test_a_new_tpu_storage_takes_host_bytes():
+    """``torch.UntypedStorage(n, device="tpu")`` (which crashed the process) and
+    ``storage.copy_``; tensors set to it are windows on one upload."""
+    values = torch.arange(4.0)
+    memory = torch.UntypedStorage(values.nbytes, device="tpu")
+    assert memory.device.type == "tpu" and memory.nbytes() == 16
+    memory.copy_(values.untyped_storage())
+    a = torch.empty(0, device="tpu").set_(memory, 0, (4,), (1,))
+    b = torch.empty(0, device="tpu").set_(memory, 2, (2,), (1,))
+    b.add_(10)
+    assert a.tolist() == [0.0, 1.0, 12.0, 13.0]
+    with pytest.raises(RuntimeError, match="out of bounds for storage of size 16"):
+        torch.empty(0, device="tpu").set_(memory, 3, (2,), (1,))
+
+
+# -- torch.load(map_location=...) ---------------------------------------------------------
+
+
+def _checkpoint(device: str) -> dict:
+    """A state dict and a whole tensor with views sharing its storage, of several dtypes."""
+    torch.manual_seed(0)
+    base = torch.arange(12.0, device=device)
+    return {
+        "state": nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)).to(device).state_dict(),
+        "base": base,
+        "part": base[2:6],
+        "grid": base.view(3, 4).t(),
+        "mask": torch.tensor([True, False, True], device=device),
+        "half": torch.linspace(0, 1, 5, dtype=torch.bfloat16, device=device),
+        "ids": torch.tensor([[3, -1]], dtype=torch.int64, device=device),
+    }
+
+
+def _flat(tree, prefix=""):
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): tree}
+
+
+TO_TPU = {
+    "tpu": "tpu",
+    "tpu:0": "tpu:0",
+    "device": torch.device("tpu"),
+    "dict": {"cpu": "tpu"},
+    "callable": lambda storage, location: storage.tpu(),
+    "callable_index": lambda storage, location: storage.tpu(0),
+}
+
+
+def _assert_loaded_as(loaded: dict, expected: dict, device: str) -> None:
+    """Same keys, dtypes and values, on ``device``, and the views still views:
+    a write through one shows in the others, as on CPU."""
+    got, want = _flat(loaded), _flat(expected)
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert got[key].device.type == device, key
+        assert got[key].dtype == value.dtype, key
+        assert torch.equal(_host(got[key]), _host(value)), key
+    assert got["base"].untyped_storage().nbytes() == got["part"].untyped_storage().nbytes() == 48
+    got["part"][1] = -1.0
+    assert got["base"][3].item() == got["grid"][3, 0].item() == -1.0
+
+
+@pytest.mark.parametrize("weights_only", [True, False])
+@pytest.mark.parametrize("map_location", TO_TPU.values(), ids=TO_TPU.keys())
+def test_load_a_cpu_checkpoint_onto_tpu(tmp_path, map_location, weights_only):
+    path = tmp_path / "cpu.pt"
+    torch.save(_checkpoint("cpu"), path)
+    loaded = torch.load(path, map_location=map_location, weights_only=weights_only)
+    _assert_loaded_as(loaded, _checkpoint("cpu"), "tpu")
+
+
+FROM_TPU = {
+    "none": (None, "tpu"),
+    "cpu": ("cpu", "cpu"),
+    "cpu_device": (torch.device("cpu"), "cpu"),
+    "tpu": ("tpu", "tpu"),
+    "dict_to_cpu": ({"tpu:0": "cpu"}, "cpu"),
+    "callable_keep": (lambda storage, location: storage, "cpu"),
+    "callable_tpu": (lambda storage, location: storage.tpu(), "tpu"),
+}
+
+
+@pytest.mark.parametrize("weights_only", [True, False])
+@pytest.mark.parametrize("map_location,device", FROM_TPU.values(), ids=FROM_TPU.keys())
+def test_load_a_tpu_checkpoint(tmp_path, map_location, device, weights_only):
+    """A tpu checkpoint is saved as a CUDA one: its storages tagged tpu:0,
+    loaded where ``map_location`` says (``lambda s, l: s`` keeps them on the host, as for CUDA)."""
+    saved = _checkpoint("tpu")
+    saved["part"], saved["grid"] = saved["base"][2:6], saved["base"].view(3, 4).t()
+    path = tmp_path / "tpu.pt"
+    torch.save(saved, path)
+    loaded = torch.load(path, map_location=map_location, weights_only=weights_only)
+    _assert_loaded_as(loaded, _checkpoint("cpu"), device)
+
+
+@pytest.mark.parametrize(
+    "map_location,device",
+    [(None, None), ("cpu", "cpu"), ("tpu", "tpu"), (lambda storage, location: storage.tpu(), "tpu")],
+    ids=["none", "cpu", "tpu", "callable"],
+)
+@pytest.mark.parametrize("source", DEVICES)
+def test_load_a_checkpoint_in_torchs_legacy_format(tmp_path, source, map_location, device):
+    """``_use_new_zipfile_serialization=False``: the loader sets each tensor to
+    its storage before it reads the bytes into that storage."""
+    saved = _checkpoint(source)
+    saved["part"], saved["grid"] = saved["base"][2:6], saved["base"].view(3, 4).t()
+    path = tmp_path / "legacy.pt"
+    torch.save(saved, path, _use_new_zipfile_serialization=False)
+    loaded = torch.load(path, map_location=map_location, weights_only=False)
+    _assert_loaded_as(loaded, _checkpoint("cpu"), device or source)
+
+
+def test_storage_to_device_enters_the_device_module(tmp_path, monkeypatch):
+    """``lambda s, l: s.to(device="tpu")`` goes through torch's ``_to``, which
+    enters ``torch.tpu.device`` (``lazytpu.device.serialization.device``)."""
+    from lazytpu.device import serialization
+
+    monkeypatch.setattr(torch.tpu, "device", serialization.device, raising=False)
+    path = tmp_path / "cpu.pt"
+    torch.save(_checkpoint("cpu"), path)
+    loaded = torch.load(path, map_location=lambda storage, location: storage.to(device="tpu:0"))
+    _assert_loaded_as(loaded, _checkpoint("cpu"), "tpu")
+
+
+def test_load_of_the_earlier_tpu_format(tmp_path):
+    """Files saved before tpu tensors were saved as CUDA ones still load, sharing."""
+
+    class Earlier:
+        def __init__(self, host):
+            self.host = host
+
+        def __reduce_ex__(self, protocol):
+            return torch._utils._rebuild_device_tensor_from_cpu_tensor, (self.host, self.host.dtype, "tpu:0", False)
+
+    base = torch.arange(12.0)
+    base.untyped_storage()._lazytpu_location = "tpu:0"
+    path = tmp_path / "earlier.pt"
+    torch.save({"base": Earlier(base), "part": Earlier(base[2:6])}, path)
+    loaded = torch.load(path, weights_only=True)
+    assert loaded["base"].device.type == "tpu" and torch.equal(loaded["base"].cpu(), base)
+    loaded["part"][0] = 100.0
+    assert loaded["base"][2].item() == 100.0
+
+
+def test_map_location_to_a_missing_device_raises_torchs_error(tmp_path):
+    path = tmp_path / "cpu.pt"
+    torch.save(torch.ones(2), path)
+    count = torch.tpu.device_count()
+    with pytest.raises(RuntimeError, match=f"on TPU device {count} but torch.tpu.device_count\\(\\) is {count}"):
+        torch.load(path, map_location=f"tpu:{count}")
+
+
+def test_pickling_and_copying_keep_the_device():
+    """``pickle`` and ``copy.copy`` as on CPU (pickled views do not share there
+    either; ``copy.copy`` is an alias), on tpu."""
+    import pickle
+
+    seen = {}
+    for device in DEVICES:
+        x = torch.arange(6.0, device=device)
+        whole, part = pickle.loads(pickle.dumps([x, x[1:3]]))
+        assert whole.device.type == part.device.type == device
+        part[0] = 50.0
+        alias = copy.copy(x)
+        alias[0] = -3.0
+        assert alias.device.type == device
+        seen[device] = [_host(t) for t in (x, whole, part, alias)]
+    torch.testing.assert_close(seen["tpu"], seen["cpu"], rtol=0, atol=0)
+
+
+# -- DataLoader ----------------------------------------------------------------------
+
+
+def _train_from_loader(device: str, **loader_kwargs) -> list:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(32, 4, generator=g), torch.randn(32, 1, generator=g))
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for x, y in DataLoader(data, batch_size=8, **loader_kwargs):
+        assert x.device.type == "cpu" and not x.is_pinned()
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x.to(device, non_blocking=True)), y.to(device, non_blocking=True))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses + [_host(p) for p in model.parameters()]
+
+
+def test_pin_memory_loader_trains_as_on_cpu(monkeypatch):
+    """``pin_memory=True`` works, with one warning that pinning is not
+    available to a Python backend (Note [Pinned memory])."""
+    from lazytpu.device import serialization
+
+    monkeypatch.setattr(serialization, "_warned_pinning", [])
+    with pytest.warns(UserWarning, match="no pinned-memory allocator") as caught:
+        on_tpu = _train_from_loader("tpu", pin_memory=True)
+    assert sum("pinned-memory" in str(w.message) for w in caught) == 1
+    torch.testing.assert_close(on_tpu, _train_from_loader("cpu"))
+    x = torch.arange(3.0)
+    pinned = x.pin_memory()
+    assert pinned is not x and torch.equal(pinned, x) and not pinned.is_pinned()
+
+
+_WORKERS_SCRIPT = """
+import sys, torch, lazytpu
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+
+class Makes(Dataset):  # returns tpu tensors it makes
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.full((2,), float(i), device="tpu")
+
+
+def run(context, dataset, collate):
+    kw = {} if collate is None else {"collate_fn": collate}
+    try:
+        for _ in DataLoader(dataset, batch_size=2, num_workers=1, multiprocessing_context=context, timeout=120, **kw):
+            pass
+    except RuntimeError as exc:
+        return str(exc)
+    return "no error"
+
+
+if __name__ == "__main__":
+    held = TensorDataset(torch.arange(8.0, device="tpu").reshape(4, 2))  # tpu tensors made in the parent
+    cases = {
+        "fork_held_default": ("fork", held, None),
+        "fork_held_list": ("fork", held, list),
+        "spawn_makes_default": ("spawn", Makes(), None),
+        "spawn_makes_list": ("spawn", Makes(), list),
+    }
+    for name, case in cases.items():
+        print(name, "|", run(*case).replace(chr(10), " "), flush=True)
+    cpu = TensorDataset(torch.arange(8.0).reshape(4, 2))  # CPU tensors in pinning fork workers: fine
+    total = sum(b[0].to("tpu").sum().item() for b in DataLoader(cpu, batch_size=2, num_workers=2, pin_memory=True))
+    print("cpu_workers_pinned |", total)
+"""
+
+
+def test_dataloader_workers_returning_tpu_tensors_get_a_clear_error(tmp_path):
+    """fork and spawn workers whose dataset returns tpu tensors: torch's worker
+    error with lazytpu's reason, never a crash (Note [tpu tensors between processes])."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "workers.py"
+    script.write_text(_WORKERS_SCRIPT)
+    out = subprocess.run([sys.executable, "-W", "ignore", str(script)], capture_output=True, text=True, timeout=500)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = dict(line.split(" | ", 1) for line in out.stdout.splitlines())
+    reason = "DataLoader worker 0 made a batch of tpu tensors, which cannot leave a worker process"
+    for name in ("fork_held_default", "fork_held_list", "spawn_makes_default", "spawn_makes_list"):
+        assert reason in results[name], (name, results[name])
+    assert "Caught RuntimeError in DataLoader worker process 0" in results["spawn_makes_default"]
+    assert results["cpu_workers_pinned"] == "28.0"

@@ -13,7 +13,11 @@ tables and entry points.
   ``lazytpu/__init__.py`` calls ``checkpoint.register()``).
 - ``autocast``: ``torch.autocast("tpu")`` kernels (Note [Autocast on PrivateUse1]).
 - ``sdpa``: ``F.scaled_dot_product_attention`` as one fused op (Note [SDPA on PrivateUse1]).
-- ``module_conversion``: ``Module.to("tpu")`` keeps Parameters (Note [Module conversion]).
+- ``module_conversion``: ``Module.to("tpu")`` keeps Parameters (Note [Module conversion]),
+  and lazy modules' uninitialized ones (Note [Lazy modules on tpu]).
+- ``serialization``: ``torch.load``'s ``map_location`` onto tpu, tpu storages (Note [tpu
+  storages] in frontend/hostio), ``pin_memory()`` (Note [Pinned memory]) and tpu tensors
+  between processes (Note [tpu tensors between processes]); ``registration`` installs it.
 
 Imports: this package sits above the recording stage. It may import torch, the
 leaf modules (``_config``, ``_caches``, ``metrics``, ``_dtypes``), ``engine``,

@@ -13,10 +13,9 @@ from torch.utils import _foreach_utils
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from lazytpu import _config
-from lazytpu.device import autocast, sdpa, tpu
+from lazytpu.device import autocast, sdpa, serialization, tpu
 from lazytpu.device.module_conversion import keep_parameters
 from lazytpu.engine import context
-from lazytpu.frontend import hostio
 from lazytpu.frontend.checks import bounds
 from lazytpu.frontend.dispatch import dispatch
 from lazytpu.frontend.record import record
@@ -151,9 +150,9 @@ def register() -> None:
     _registered.append(register_optimizer_step_pre_hook(_before_optimizer_step))
     _registered.append(register_optimizer_step_post_hook(_after_optimizer_step))
     # Host copies of tpu storages are saved tagged with their device and loaded back to tpu
-    # sharing as they were saved (Note [Checkpoint storages] in frontend/hostio).
-    # Before the CPU tagger (10): the copies are CPU storages.
-    torch.serialization.register_package(9, hostio.storage_location, hostio.restore_storage)
+    # (or where map_location says) sharing as they were saved (Note [Checkpoint storages] in
+    # frontend/hostio); tpu storages, storage.tpu() and pin_memory() (device/serialization).
+    serialization.register(lib)
     # The one patch of a torch class, so that ``model.to("tpu")`` keeps
     # Parameters (and tied weights) as CUDA does (Note [Module conversion]).
     torch.nn.Module._apply = keep_parameters(torch.nn.Module._apply)

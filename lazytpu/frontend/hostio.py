@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 
 import ml_dtypes
@@ -12,7 +13,8 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_
 
 from lazytpu import _caches, runtime
 from lazytpu.engine import context
-from lazytpu.frontend.windows import new_tensor, rebind_metadata, view_dtype, view_of
+from lazytpu.frontend.tensor import DeviceStorage, LazyTensor, describe, device_storage, tag_storage, tpu_device
+from lazytpu.frontend.windows import new_tensor, view_dtype
 from lazytpu.ir import Aval, Data, Failed, Output
 
 # Note [bfloat16 transfers]: torch's ``numpy()`` has no bfloat16: a bfloat16
@@ -91,22 +93,45 @@ def _host_memory(t, base: torch.Tensor) -> torch.Tensor:
     return physical
 
 
-# -- checkpoints ----------------------------------------------------------------
+# -- checkpoints and storages ------------------------------------------------------
 
 # Note [Checkpoint storages]: ``torch.save`` writes each storage once, and
 # ``torch.load`` rebuilds every tensor as a window on its loaded storage: that
 # is how tensors sharing memory (views, tied weights) keep sharing it. A tpu
-# tensor is saved as torch saves a device tensor without storage,
-# ``_rebuild_device_tensor_from_cpu_tensor(cpu, dtype, "tpu:i", requires_grad)``
-# (which ``weights_only=True`` allows), where ``cpu`` has the tensor's size,
-# strides and offset on a host copy of its whole tpu storage: one copy per
-# storage per save (``saved_storage``), so torch writes it once. That copy is
-# tagged with the device it came from (``storage_location``), so that
-# ``map_location`` applies to it: loaded with ``map_location="cpu"``, the
-# checkpoint is plain CPU torch, sharing as CPU tensors do (lazytpu need not
-# be imported). Loaded to tpu, ``restore_storage`` marks the loaded host
-# storage, the ``.to("tpu:i")`` of the first tensor on it uploads it whole, and
-# every tensor on it becomes a window on that upload (``load_into``).
+# tensor is saved as torch saves a CUDA one, ``_rebuild_tensor_v2(storage,
+# offset, size, stride, ...)`` (which ``weights_only=True`` allows), where
+# ``storage`` is a host copy of its whole tpu storage: one copy per storage per
+# save (``saved_storage``), so torch writes it once, tagged with the device it
+# came from (``storage_location``), so that ``map_location`` applies to it as
+# to a CUDA storage: loaded with ``map_location="cpu"`` the checkpoint is plain
+# CPU torch (lazytpu need not be imported); loaded to tpu (no map, "tpu",
+# "tpu:i", a device, a dict, or a callable returning ``storage.tpu()``) each
+# storage becomes a tpu storage (Note [tpu storages]) and each tensor a window
+# on it. Files saved in the earlier format,
+# ``_rebuild_device_tensor_from_cpu_tensor`` of a host tensor on a storage
+# tagged ``tpu:i``, load the same way (a callable map meets torch's error for
+# that rebuild function). Pickling by other means follows: ``pickle`` round
+# trips the storage through ``torch.save`` (the tag brings it back to tpu),
+# ``copy.copy`` is an alias as on CPU (``__copy__``), and
+# ``torch.multiprocessing`` has a reducer of its own (device/serialization).
+#
+# Note [tpu storages]: torch gives a Python backend no allocator, so
+# ``torch.UntypedStorage(n, device="tpu")`` would crash and a tpu tensor's
+# ``untyped_storage()`` has no data. lazytpu hands out two kinds of tpu
+# ``UntypedStorage``, each holding a ``DeviceStorage`` (``frontend/tensor``):
+# a tensor's own (``untyped_storage()``, which holds the tensor's ``Storage``:
+# the sizes are CPU's, the values read back through torch's storage methods,
+# ``.cpu()``, ``.tolist()``, indexing, and ``data_ptr()`` raises as for any
+# tensor subclass without data), and a storage of host bytes on the device
+# (``on_device``: what ``torch.load`` restores to tpu and
+# ``torch.UntypedStorage(n, device="tpu")`` makes), whose data pointer is the
+# host copy's. Torch then sets tensors to such storages (``_rebuild_tensor``,
+# ``storage.copy_``): the first such ``set_`` uploads the host bytes as one
+# flat array of the tensor's dtype (``storage_for``), and every tensor set to
+# the storage is a window on that upload, as on CPU. A tensor of another dtype
+# set to it later is a view of that dtype (Note [Dtype views] in
+# lowering/strided), or, when no tensor holds the upload any more (the
+# ``uint8`` tensor of torch's ``storage.copy_``), the upload becomes that dtype.
 
 # id(tpu Storage) -> its host copy, while that copy lives (torch.save holds it until the file is written).
 _SAVED: dict[int, weakref.ref] = _caches.table("saved_storages")
@@ -140,47 +165,72 @@ def storage_location(storage) -> str | None:
     return getattr(storage, "_lazytpu_location", None)
 
 
-class _Loaded:
-    """The mark of a host storage ``torch.load`` read for tpu tensors: its upload, once made."""
-
-    __slots__ = ("base",)
-
-    def __init__(self) -> None:
-        self.base = None
+# The DeviceStorage of each live tpu storage of host bytes, by its data pointer (the host
+# copy's, which that DeviceStorage keeps alive): torch's C++ makes tensors over such a
+# storage's pointer as storages of their own (the legacy torch.load, pickle's path).
+_BY_POINTER: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-def restore_storage(storage, location: str):
-    """``torch.load``'s deserializer (``register_package``) for a storage saved
-    from tpu: it stays on the host, marked for ``load_into``."""
-    if location != "tpu" and not location.startswith("tpu:"):
-        return None
-    mapped = torch.serialization._serialization_tls.map_location
-    if isinstance(mapped, (str, torch.device)) or (isinstance(mapped, dict) and location in mapped.values()):
-        return None  # a map onto tpu, which may hold any storage: not handled here
-    storage._lazytpu_loaded = _Loaded()
-    return storage
+def on_device(host: torch.UntypedStorage, index: int, *, fresh: bool = False) -> torch.UntypedStorage:
+    """A tpu ``UntypedStorage`` of ``host``'s bytes (Note [tpu storages]);
+    ``fresh``: its contents are unspecified (``torch.UntypedStorage(n, device="tpu")``)."""
+    memory = torch._C._construct_storage_from_data_pointer(host.data_ptr(), tpu_device(index), host.nbytes())
+    held = DeviceStorage(None, host, index, fresh)
+    if host.nbytes():
+        _BY_POINTER[host.data_ptr()] = held
+    return tag_storage(memory, held)
 
 
-def load_into(dst, src: torch.Tensor) -> bool:
-    """``dst.copy_(src)`` when ``src`` is a tensor ``torch.load`` rebuilt on a
-    storage saved from tpu and ``dst`` the new tensor of its ``.to("tpu:i")``:
-    make ``dst`` a window on the one upload of that storage instead (Note
-    [Checkpoint storages]). False, doing nothing, for any other copy."""
-    if type(src) is not torch.Tensor or src.layout is not torch.strided:
-        return False
-    memory = src.untyped_storage()
-    loaded = getattr(memory, "_lazytpu_loaded", None)
-    if loaded is None or src.is_conj() or src.is_neg() or dst._lt_windowed:
-        return False
-    if dst.dtype is not src.dtype or dst.shape != src.shape:
-        return False
-    index = dst.device.index or 0
-    base = loaded.base
-    if base is None:
-        whole = src.storage_offset() == 0 and src.numel() * src.element_size() == memory.nbytes()
-        host = src if whole and is_non_overlapping_and_dense(src) else torch.empty(0, dtype=src.dtype).set_(memory)
-        base = loaded.base = new_tensor(data_from_cpu(host, index), host.shape, host.stride(), host.dtype, index)
-    elif (base.device.index or 0) != index or base.dtype is not src.dtype:
-        return False
-    rebind_metadata(dst, view_of(base, src.shape, src.stride(), src.storage_offset()))
-    return True
+def held_by(storage: torch.UntypedStorage) -> DeviceStorage | None:
+    """What the tpu ``storage`` holds: its own ``DeviceStorage``, or that of the
+    tpu storage of host bytes whose memory it is; None for any other."""
+    held = device_storage(storage)
+    if held is None and storage.nbytes() and storage.device.type == "tpu":
+        try:
+            held = _BY_POINTER.get(storage.data_ptr())
+        except RuntimeError:  # a tensor subclass's storage without data
+            return None
+    return held
+
+
+def _held_by_one(storage) -> bool:
+    """Whether one reference (a ``DeviceStorage``'s) holds ``storage``: no
+    tensor is a window on it (a tensor holds its storage; the graph's are weak)."""
+    return sys.getrefcount(storage) <= 3  # the DeviceStorage's, this parameter's, getrefcount's argument
+
+
+def storage_for(held: DeviceStorage, dtype: torch.dtype, nbytes: int):
+    """The ``Storage`` that a tensor of ``dtype`` set to the tpu storage
+    holding ``held`` is a window on (uploaded now if it is still host bytes;
+    Note [tpu storages])."""
+    if nbytes % dtype.itemsize:
+        dtype = torch.uint8  # its tensors are views of their own dtype on its bytes
+    n = nbytes // dtype.itemsize
+    storage = held.storage
+    if storage is None:
+        if held.fresh:
+            base = torch.empty(n, dtype=dtype, device=tpu_device(held.index))
+        else:
+            flat = torch.empty(0, dtype=dtype).set_(held.host, 0, (n,), (1,))
+            base = new_tensor(data_from_cpu(flat, held.index), (n,), (1,), dtype, held.index)
+        held.storage = base._lt_storage
+    elif storage.value.aval.dtype is not dtype and reinterpretable(storage.value.aval.dtype, torch.uint8):
+        del storage
+        if _held_by_one(held.storage):  # nothing sees the old upload: it becomes this dtype
+            held.storage = _as_dtype(held.storage, dtype, nbytes)._lt_storage
+    return held.storage
+
+
+def _as_dtype(storage, dtype: torch.dtype, nbytes: int) -> LazyTensor:
+    """A new flat tensor of ``dtype`` holding ``storage``'s bytes."""
+    raw = LazyTensor(storage, describe((nbytes,), (1,), 0, nbytes, torch.uint8))
+    with torch.no_grad():
+        if dtype is torch.bool:  # a bool's byte is 0 or 1: a value, not a view
+            return raw.ne(0)
+        return raw.view(dtype).clone()
+
+
+def reinterpretable(have: torch.dtype, want: torch.dtype) -> bool:
+    """Whether a window of ``want`` may read a storage of ``have`` (Note [Dtype views]):
+    not bool nor complex32 (stored as complex64), whose views are computed as values."""
+    return have is want or not {have, want} & {torch.bool, torch.complex32}

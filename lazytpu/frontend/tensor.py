@@ -125,6 +125,32 @@ _TENSOR_DATA = torch._C.TensorBase.data
 # storage's lock.
 
 
+class DeviceStorage:
+    """What a ``torch.UntypedStorage`` of the tpu device holds (Note [tpu storages]
+    in frontend/hostio): a ``Storage`` whose flat bytes are its contents, or,
+    until the first tensor is set to it, ``host`` bytes (``host`` is then also the
+    memory its data pointer names; ``fresh``: unspecified bytes, never uploaded)."""
+
+    __slots__ = ("storage", "host", "fresh", "index", "__weakref__")
+
+    def __init__(self, storage, host, index: int, fresh: bool = False) -> None:
+        self.storage, self.host, self.index, self.fresh = storage, host, index, fresh
+
+
+_STORAGE_TAG = "_lazytpu_device_storage"  # the attribute of a tpu UntypedStorage that holds its DeviceStorage
+_UNTYPED_STORAGE = torch._C.TensorBase.untyped_storage
+
+
+def device_storage(storage: torch.UntypedStorage) -> DeviceStorage | None:
+    """The ``DeviceStorage`` of a tpu ``UntypedStorage`` lazytpu made or handed out, else None."""
+    return vars(storage).get(_STORAGE_TAG)
+
+
+def tag_storage(storage: torch.UntypedStorage, held: DeviceStorage) -> torch.UntypedStorage:
+    vars(storage)[_STORAGE_TAG] = held  # kept: torch keeps a storage's Python object while the storage lives
+    return storage
+
+
 def _copied_storage(storage: Storage) -> Storage:
     """A new storage holding ``storage``'s value (Note [Deep copies])."""
     with storage.graph.lock:
@@ -262,6 +288,16 @@ class LazyTensor(torch.Tensor):
         new._is_param = True
         return new
 
+    def untyped_storage(self) -> torch.UntypedStorage:
+        """torch's ``untyped_storage()``: for a view, its base's (sizes as on CPU;
+        no data pointer, as for any tensor subclass without data), readable
+        through the storage's methods (Note [tpu storages] in frontend/hostio)."""
+        memory = _UNTYPED_STORAGE(self)
+        held = vars(memory).get(_STORAGE_TAG)
+        if held is None or held.storage is not self._lt_storage:
+            tag_storage(memory, DeviceStorage(self._lt_storage, None, self._lt_storage.graph.index))
+        return memory
+
     def numpy(self, *args, **kwargs):
         raise TypeError(
             f"can't convert {self.device} device type tensor to numpy. "
@@ -269,24 +305,31 @@ class LazyTensor(torch.Tensor):
         )
 
     def __reduce_ex__(self, protocol):
-        """``torch.save``: a sync point; saved as a window on a host copy of
-        its storage, restored on ``tpu`` by a loader that
-        ``torch.load(weights_only=True)`` allows, sharing that storage with
-        the tensors saved with it as on CPU (Note [Checkpoint storages]). A
-        Parameter is rebuilt as one, with its attributes, as
-        ``Parameter.__reduce_ex__`` does (hooks are not saved)."""
+        """``torch.save``: a sync point; saved as torch saves a CUDA tensor, a
+        window on a host copy of its storage tagged with its device, which
+        ``torch.load`` restores on tpu (or where ``map_location`` says),
+        sharing that storage with the tensors saved with it as on CPU (Note
+        [Checkpoint storages] in frontend/hostio). A Parameter is rebuilt as
+        one, with its attributes, as ``Parameter.__reduce_ex__`` does (hooks
+        are not saved)."""
         if vars(self).get("_is_param"):
             state = user_state(self)
             data = (self.detach(), self.requires_grad, OrderedDict())
             if not state:
                 return torch._utils._rebuild_parameter, data
             return torch._utils._rebuild_parameter_with_state, (*data, state)
+        memory = torch.storage.TypedStorage(wrap_storage=BACKEND.saved_storage(self), dtype=self.dtype, _internal=True)
+        args = (memory, self.storage_offset(), tuple(self.shape), self.stride(), self.requires_grad, OrderedDict())
+        return torch._utils._rebuild_tensor_v2, args
 
-        # a window on one host copy of the whole storage, shared by every tensor on it (Note [Checkpoint storages])
-        memory = BACKEND.saved_storage(self)
-        host = torch.empty(0, dtype=self.dtype).set_(memory, self.storage_offset(), self.shape, self.stride())
-        rebuild = torch._utils._rebuild_device_tensor_from_cpu_tensor
-        return rebuild, (host, self.dtype, str(self.device), self.requires_grad)
+    def __copy__(self):
+        """``copy.copy``: as on CPU, a tensor on the same storage (what torch's
+        pickling protocol would make of one on the host copy is a CPU tensor)."""
+        new = LazyTensor(self._lt_storage, self._lt_desc, not self._lt_windowed)
+        if self.requires_grad:
+            new.requires_grad_()
+        vars(new).update((k, v) for k, v in vars(self).items() if k not in REPRESENTATION)
+        return new
 
     def tolist(self):
         return BACKEND.to_cpu(self, reason="tolist").tolist()

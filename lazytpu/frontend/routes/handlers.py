@@ -17,7 +17,7 @@ from lazytpu.frontend import hostio
 from lazytpu.frontend.checks.overlap import check_overlap
 from lazytpu.frontend.record import DECOMPOSITIONS, check_with_meta, handles, record
 from lazytpu.frontend.routes.views import check_in_bounds, storage_nbytes
-from lazytpu.frontend.tensor import LazyTensor
+from lazytpu.frontend.tensor import LazyTensor, describe
 from lazytpu.frontend.windows import contiguous_strides, new_tensor, rebind_metadata, view_of, write
 from lazytpu.ir import Data, Failed, Output
 from lazytpu.ir.source import source_line
@@ -73,12 +73,12 @@ def copy_(func, args, kwargs):
     dst, src = args[0], args[1]
     if isinstance(src, UninitializedTensorMixin):  # a lazy module's .to("tpu"): Note [Lazy modules on tpu]
         src = src.data
+    if type(dst) is not LazyTensor and dst.device.type == "tpu":  # made by torch's C++ on a tpu storage
+        return _copy_into_storage(dst, src)
     if type(dst) is not LazyTensor:  # tpu -> cpu
         return dst.copy_(hostio.to_cpu(src))
     check_overlap(func, args, kwargs, dst)  # Note [Overlapping writes]
     if type(src) is not LazyTensor:  # cpu -> tpu
-        if hostio.load_into(dst, src):  # torch.load's .to("tpu"): Note [Checkpoint storages]
-            return dst
         index = dst.device.index or 0
         src = new_tensor(hostio.data_from_cpu(src, index), src.shape, contiguous_strides(src.shape), src.dtype, index)
     elif src.device != dst.device:  # tpu:i -> tpu:j
@@ -174,6 +174,64 @@ def is_pinned(func, args, kwargs):
 def set_(func, args, kwargs):
     dst, src = args
     rebind_metadata(dst, view_of(src, src.shape, src.stride(), src.storage_offset()))
+    return dst
+
+
+@handles(aten.set_.source_Storage, aten.set_.source_Storage_storage_offset)
+def set_storage(func, args, kwargs):
+    """``t.set_(storage, ...)`` with a tpu storage (``torch.load``'s rebuild,
+    ``storage.copy_``, ``storage.cpu()``): ``t`` becomes a window on what the
+    storage holds (Note [tpu storages] in frontend/hostio)."""
+    call = dict(zip(("self", "source", "storage_offset", "size", "stride"), args), **kwargs)
+    dst, source = call["self"], call["source"]
+    if source.device != dst.device:
+        raise RuntimeError(
+            f'Attempted to set the storage of a tensor on device "{dst.device}" to a storage on different device '
+            f'"{source.device}".  This is no longer allowed; the devices must match.'
+        )
+    held = hostio.held_by(source)
+    if held is None:
+        raise RuntimeError(f"lazytpu: this {source.device} storage was not made by lazytpu and holds no data")
+    nbytes, dtype = source.nbytes(), dst.dtype
+    offset = call.get("storage_offset", 0)
+    size = tuple(call.get("size", (nbytes // dtype.itemsize,)))
+    stride = tuple(call.get("stride") or contiguous_strides(size))
+    check_in_bounds(size, stride, offset, dtype.itemsize, nbytes)
+    storage = hostio.storage_for(held, dtype, nbytes)
+    if not hostio.reinterpretable(storage.value.aval.dtype, dtype):
+        raise NotImplementedError(
+            f"lazytpu: a {dtype} tensor set to a tpu storage that {storage.value.aval.dtype} tensors use"
+        )
+    rebind_metadata(dst, LazyTensor(storage, describe(size, stride, offset, nbytes // dtype.itemsize, dtype)))
+    return dst
+
+
+def _copy_into_storage(dst, src):
+    """``dst.copy_(src)`` for a plain tensor torch's C++ made on a tpu storage
+    (the legacy ``torch.load`` reads a file into one): into the host bytes
+    while the storage holds them, else into a window on what it holds (Note
+    [tpu storages] in frontend/hostio)."""
+    memory = dst.untyped_storage()
+    held = hostio.held_by(memory)
+    if held is None:
+        raise RuntimeError(f"lazytpu: this {dst.device} storage was not made by lazytpu and holds no data")
+    if held.storage is None and type(src) is not LazyTensor:
+        host = torch.empty(0, dtype=dst.dtype).set_(held.host, dst.storage_offset(), dst.shape, dst.stride())
+        host.copy_(src)
+        held.fresh = False
+        return dst
+    dtype, offset, size, stride = dst.dtype, dst.storage_offset(), tuple(dst.shape), dst.stride()
+    have = None if held.storage is None else held.storage.value.aval.dtype
+    if have not in (None, dtype) and type(src) is not LazyTensor and dst.is_contiguous() and dst.numel():
+        # host bytes written in the dtype the storage holds, reinterpreted on the host
+        # (the legacy loader writes every storage as bytes, bool ones too)
+        start, count = offset * dtype.itemsize, dst.numel() * dtype.itemsize
+        if not (start % have.itemsize or count % have.itemsize):
+            src = src.to(dtype).expand(size).contiguous().view(torch.uint8).view(have)
+            dtype, offset, size, stride = have, start // have.itemsize, (count // have.itemsize,), (1,)
+    window = torch.empty(0, dtype=dtype, device=dst.device)
+    set_storage(aten.set_.source_Storage_storage_offset, (window, memory, offset, size, stride), {})
+    copy_(aten.copy_.default, (window, src), {})
     return dst
 
 

@@ -1,0 +1,164 @@
+"""Storages, checkpoints and host memory of the ``tpu`` device in torch:
+``torch.load``'s ``map_location`` onto tpu, ``torch.UntypedStorage(n,
+device="tpu")``, ``storage.tpu()``, and ``pin_memory()`` (``registration``
+installs them).
+
+Note [Pinned memory]: torch asks the accelerator's hooks for a pinned-memory
+allocator (``DataLoader(pin_memory=True)``, ``Tensor.pin_memory()``), and a
+Python backend's hooks cannot provide one (``torch._C._acc.PrivateUse1Hooks``
+overrides only ``is_available``, ``has_primary_context`` and ``is_built``):
+without more, pinning raises ``NotImplementedError`` on tpu. With tpu the
+current accelerator, ``pin_memory()`` returns a copy in ordinary host memory,
+with one warning that says so; ``is_pinned()`` is False, and a copy from it
+to tpu (``non_blocking=True`` or not) is an ordinary upload. With another
+accelerator current (CUDA in the same process), torch's own kernel runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections import OrderedDict
+from multiprocessing.reduction import ForkingPickler
+
+import torch
+from torch.utils.data import get_worker_info
+
+from lazytpu.device import tpu
+from lazytpu.frontend import hostio
+from lazytpu.frontend.tensor import LazyTensor
+
+_STORAGE_NEW = torch.UntypedStorage.__new__
+
+
+def _is_tpu(location: str) -> bool:
+    return location == "tpu" or location.startswith("tpu:")
+
+
+def _index(device: torch.device) -> int:
+    return tpu.current_device() if device.index is None else device.index
+
+
+def restore_storage(storage: torch.UntypedStorage, location: str):
+    """``torch.load``'s deserializer (``register_package``) for a storage whose
+    location is tpu after ``map_location``: a tpu storage of its bytes, which
+    the tensors rebuilt on it upload once (Note [tpu storages] in frontend/hostio);
+    None for any other location. torch's errors for a device that is absent."""
+    if not _is_tpu(location):
+        return None
+    device = torch.serialization._validate_device(location, "tpu")
+    return hostio.on_device(storage, _index(device))
+
+
+def _in_worker_error() -> RuntimeError:
+    """Note [tpu tensors between processes]."""
+    info = get_worker_info()
+    return RuntimeError(
+        f"lazytpu: DataLoader worker {info.id} made a batch of tpu tensors, which cannot leave a worker "
+        "process (tpu memory is not shared between processes). Return CPU tensors from the dataset and move "
+        "each batch to tpu in the main process (batch.to('tpu'), with pin_memory=True if you like)."
+    )
+
+
+def _raise_received(message: str):
+    raise RuntimeError(message)
+
+
+def reduce_for_another_process(t: LazyTensor):
+    """``torch.multiprocessing``'s reducer of tpu tensors (``ForkingPickler``).
+
+    Note [tpu tensors between processes]: tpu memory is not shared between
+    processes (CUDA's is, by IPC handles), so a tpu tensor sent to another
+    process is a copy: a host copy, moved to tpu where it is received. A
+    DataLoader worker's batch must not be one: it would be computed by a
+    second process holding the device (a forked one cannot at all, Note
+    [Fork] in lazytpu.runtime.platform), so a worker whose dataset returns
+    tpu tensors gets a clear error: in the worker, where ``default_collate``
+    makes its batch in shared memory (``torch.UntypedStorage(..., device="tpu")``),
+    or, for a batch another collate function made, where the batch is received
+    (a worker's queue pickles in a thread of its own, where an error would
+    lose the batch and leave the loader waiting).
+    """
+    if get_worker_info() is not None:
+        return _raise_received, (str(_in_worker_error()),)
+    if vars(t).get("_is_param"):
+        return torch._utils._rebuild_parameter, (t.detach(), t.requires_grad, OrderedDict())
+    memory = hostio.saved_storage(t)
+    host = torch.empty(0, dtype=t.dtype).set_(memory, t.storage_offset(), t.shape, t.stride())
+    return torch._utils._rebuild_device_tensor_from_cpu_tensor, (host, t.dtype, str(t.device), t.requires_grad)
+
+
+def _untyped_storage_new(cls, *args, device=None, **kwargs):
+    """``torch.UntypedStorage(..., device="tpu")``: a tpu storage of host bytes
+    (Note [tpu storages] in frontend/hostio); torch's own for any other device."""
+    if device is None:
+        return _STORAGE_NEW(cls, *args, **kwargs)
+    device = torch.device(device)
+    if device.type != "tpu":
+        return _STORAGE_NEW(cls, *args, device=device, **kwargs)
+    if get_worker_info() is not None:  # default_collate's shared batch (Note [tpu tensors between processes])
+        raise _in_worker_error()
+    host = _STORAGE_NEW(cls, *args, **kwargs)  # a size, or a sequence of byte values
+    fresh = not args or isinstance(args[0], int)
+    return hostio.on_device(host, _index(device), fresh=fresh)
+
+
+class device(contextlib.ContextDecorator):  # noqa: N801 (torch.cuda.device's name)
+    """``torch.tpu.device(d)``: a context manager that makes ``d`` the current
+    tpu device, as ``torch.cuda.device`` does (torch's storage ``.to(device=...)``
+    enters it). ``d``: a ``torch.device``, a string or an index; None or a
+    negative index changes nothing."""
+
+    def __init__(self, device) -> None:
+        if device is None or isinstance(device, int):
+            self.index = -1 if device is None else device
+        else:
+            self.index = _index(torch.device(device))
+        self.previous = -1
+
+    def __enter__(self):
+        self.previous = tpu.current_device()
+        if self.index >= 0 and self.index != self.previous:
+            tpu.set_device(self.index)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self.index >= 0 and self.index != self.previous:
+            tpu.set_device(self.previous)
+        return False
+
+
+_warned_pinning = []
+
+
+def _pin_memory(self, device=None):
+    """``aten::_pin_memory`` of a CPU tensor (Note [Pinned memory])."""
+    target = torch.device(device).type if device is not None else torch.accelerator.current_accelerator().type
+    if target != "tpu":
+        return torch.ops.aten._pin_memory.default._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, self, device)
+    if not _warned_pinning:
+        _warned_pinning.append(True)
+        warnings.warn(
+            "lazytpu: torch gives a Python backend no pinned-memory allocator, so pin_memory() on tpu returns a "
+            "copy in ordinary host memory (copies to tpu are ordinary uploads). This warning is shown once.",
+            UserWarning,
+            stacklevel=2,
+        )
+    out = torch.empty_strided(self.shape, self.stride(), dtype=self.dtype)
+    return out.copy_(self)
+
+
+def register(lib: torch.library.Library) -> None:
+    """Install the deserializer, the tpu storage constructor and methods, and
+    the CPU ``_pin_memory`` kernel (in ``lib``, which the caller keeps alive)."""
+    # Before the CPU deserializer (10) and torch's privateuse1 one (23), which
+    # needs an allocator a Python backend has none of (Note [tpu storages] in frontend/hostio).
+    torch.serialization.register_package(9, hostio.storage_location, restore_storage)
+    # The one patch of a torch class for storages: torch's constructor crashes the
+    # process for a device with no allocator (DataLoader workers' default_collate calls it).
+    torch.UntypedStorage.__new__ = staticmethod(_untyped_storage_new)
+    torch.utils.generate_methods_for_privateuse1_backend(
+        for_tensor=False, for_module=False, for_packed_sequence=False, for_storage=True
+    )  # storage.tpu(), storage.is_tpu, as storage.cuda()
+    lib.impl("_pin_memory", _pin_memory, "CPU")  # Note [Pinned memory]
+    ForkingPickler.register(LazyTensor, reduce_for_another_process)  # Note [tpu tensors between processes]
