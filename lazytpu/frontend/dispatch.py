@@ -13,6 +13,15 @@ Note [Resolution order]: the route of an op, tried in this order:
 7. CPU fallback (counted, warned once per op), or NotImplementedError when
    ``LAZYTPU_CPU_FALLBACK=0``.
 
+Note [Composite ops below autograd]: an op with a CompositeImplicitAutograd
+kernel (``reshape``, ``to``, ``contiguous``, ``flatten``) is decomposed by
+torch above autograd and never reaches a backend, except below autograd:
+under ``torch.inference_mode()``, and where torch calls it from a kernel
+that already passed autograd. There it arrives whole, and its schema may
+say "view" where its kernel copies (``reshape`` of a transposed tensor,
+``to`` of another dtype). Such an op skips step 2 and is decomposed as its
+kernel says (step 6), so it views or copies as on CPU.
+
 The route of an op is chosen once, from the op alone (``route``: a ``Route``
 in ``record.ROUTES``); a step that can decline a particular call (a view
 computed as a value, ``NotImplemented`` from a decomposition) hands it to the
@@ -103,7 +112,7 @@ def _after_handlers(func) -> Route:
     if kind == "inplace_view":
         return Route("inplace_view", run_inplace_view)
     rest = _after_views(func)
-    if kind != "view":
+    if kind != "view" or func._can_decompose():  # Note [Composite ops below autograd]
         return rest
 
     def view(func, args, kwargs):

@@ -45,6 +45,21 @@ def run_view(func, args, kwargs):
         return None
     descs, container = plan
     storage = src._lt_storage
+    if torch.is_inference_mode_enabled() and not src.is_inference():
+        with torch.inference_mode(False):  # Note [Views in inference mode]
+            return _views(storage, descs, container)
+    return _views(storage, descs, container)
+
+
+def _views(storage, descs, container):
+    """The view tensors of a plan on ``storage``.
+
+    Note [Views in inference mode]: under ``torch.inference_mode()`` a view of
+    a normal tensor is a normal tensor sharing its base's version counter (torch
+    sets it on the view it gets back, and refuses to on an inference tensor); a
+    view of an inference tensor is one. So the view of a normal tensor is made
+    with inference mode off.
+    """
     if container is None:
         return LazyTensor(storage, descs[0])
     return container(LazyTensor(storage, d) for d in descs)
