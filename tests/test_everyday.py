@@ -419,6 +419,11 @@ class Makes(Dataset):  # returns tpu tensors it makes
         return torch.full((2,), float(i), device="tpu")
 
 
+def receive(queue, answer):
+    t = queue.get()
+    answer.put((t.device.type, t.tolist()))
+
+
 def run(context, dataset, collate):
     kw = {} if collate is None else {"collate_fn": collate}
     try:
@@ -442,6 +447,13 @@ if __name__ == "__main__":
     cpu = TensorDataset(torch.arange(8.0).reshape(4, 2))  # CPU tensors in pinning fork workers: fine
     total = sum(b[0].to("tpu").sum().item() for b in DataLoader(cpu, batch_size=2, num_workers=2, pin_memory=True))
     print("cpu_workers_pinned |", total)
+    ctx = torch.multiprocessing.get_context("spawn")  # outside a DataLoader: a copy, on tpu where received
+    queue, answer = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=receive, args=(queue, answer))
+    child.start()
+    queue.put(torch.arange(4.0, device="tpu")[1:3])
+    print("sent |", answer.get(timeout=120))
+    child.join()
 """
 
 
@@ -461,3 +473,4 @@ def test_dataloader_workers_returning_tpu_tensors_get_a_clear_error(tmp_path):
         assert reason in results[name], (name, results[name])
     assert "Caught RuntimeError in DataLoader worker process 0" in results["spawn_makes_default"]
     assert results["cpu_workers_pinned"] == "28.0"
+    assert results["sent"] == "('tpu', [1.0, 2.0])"

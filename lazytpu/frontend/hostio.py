@@ -223,11 +223,10 @@ def storage_for(held: DeviceStorage, dtype: torch.dtype, nbytes: int):
 
 def _as_dtype(storage, dtype: torch.dtype, nbytes: int) -> LazyTensor:
     """A new flat tensor of ``dtype`` holding ``storage``'s bytes."""
-    raw = LazyTensor(storage, describe((nbytes,), (1,), 0, nbytes, torch.uint8))
-    with torch.no_grad():
-        if dtype is torch.bool:  # a bool's byte is 0 or 1: a value, not a view
-            return raw.ne(0)
-        return raw.view(dtype).clone()
+    raw = LazyTensor(storage, describe((nbytes,), (1,), 0, nbytes, torch.uint8))  # needs no grad
+    if dtype is torch.bool:  # a bool's byte is 0 or 1: a value, not a view
+        return raw.ne(0)
+    return raw.view(dtype).clone()
 
 
 def reinterpretable(have: torch.dtype, want: torch.dtype) -> bool:
