@@ -15,7 +15,7 @@ from __future__ import annotations
 import gc
 
 from lazytpu import _config, compile, debug, distributed, generation, metrics, runtime  # noqa: F401
-from lazytpu.device import checkpoint, registration
+from lazytpu.device import registration
 from lazytpu.engine import EagerMode, sync_all
 
 # compile and distributed are imported for their registrations: the torch.compile
@@ -34,7 +34,6 @@ def sync() -> None:
 
 runtime.platform.check_requested_platform()  # Note [Platform at import]
 registration.register()
-checkpoint.register()  # Note [Recomputation barrier] in lazytpu/device/checkpoint.py
 if bounds.enabled():
     bounds.install()
 

@@ -311,12 +311,9 @@ def test_load_a_checkpoint_in_torchs_legacy_format(tmp_path, source, map_locatio
     _assert_loaded_as(loaded, _checkpoint("cpu"), device or source)
 
 
-def test_storage_to_device_enters_the_device_module(tmp_path, monkeypatch):
+def test_storage_to_device_enters_the_device_module(tmp_path):
     """``lambda s, l: s.to(device="tpu")`` goes through torch's ``_to``, which
-    enters ``torch.tpu.device`` (``lazytpu.device.serialization.device``)."""
-    from lazytpu.device import serialization
-
-    monkeypatch.setattr(torch.tpu, "device", serialization.device, raising=False)
+    enters ``torch.tpu.device``."""
     path = tmp_path / "cpu.pt"
     torch.save(_checkpoint("cpu"), path)
     loaded = torch.load(path, map_location=lambda storage, location: storage.to(device="tpu:0"))
@@ -474,3 +471,19 @@ def test_dataloader_workers_returning_tpu_tensors_get_a_clear_error(tmp_path):
     assert "Caught RuntimeError in DataLoader worker process 0" in results["spawn_makes_default"]
     assert results["cpu_workers_pinned"] == "28.0"
     assert results["sent"] == "('tpu', [1.0, 2.0])"
+
+
+def test_device_context_switches_the_current_device_and_back():
+    before = torch.tpu.current_device()
+    with torch.tpu.device("tpu:0") as ctx:
+        assert torch.tpu.current_device() == 0 and isinstance(ctx, torch.tpu.device)
+    with torch.tpu.device(None), torch.tpu.device(-1):
+        assert torch.tpu.current_device() == before
+    if torch.tpu.device_count() > 1:
+        with torch.tpu.device(1):
+            assert torch.tpu.current_device() == 1
+        assert torch.tpu.current_device() == before
+    with pytest.raises(RuntimeError, match="does not exist"):
+        with torch.tpu.device(torch.tpu.device_count()):
+            pass
+    assert torch.tpu.current_device() == before

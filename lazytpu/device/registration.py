@@ -13,7 +13,7 @@ from torch.utils import _foreach_utils
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from lazytpu import _config
-from lazytpu.device import autocast, sdpa, serialization, tpu
+from lazytpu.device import autocast, checkpoint, sdpa, serialization, tpu
 from lazytpu.device.module_conversion import keep_parameters
 from lazytpu.engine import context
 from lazytpu.frontend.checks import bounds
@@ -153,6 +153,9 @@ def register() -> None:
     # (or where map_location says) sharing as they were saved (Note [Checkpoint storages] in
     # frontend/hostio); tpu storages, storage.tpu() and pin_memory() (device/serialization).
     serialization.register(lib)
+    # torch.utils.checkpoint's recomputation behind a barrier, with the forward's random state
+    # (Note [Recomputation barrier] in device/checkpoint).
+    checkpoint.register()
     # The one patch of a torch class, so that ``model.to("tpu")`` keeps
     # Parameters (and tied weights) as CUDA does (Note [Module conversion]).
     torch.nn.Module._apply = keep_parameters(torch.nn.Module._apply)

@@ -16,7 +16,6 @@ accelerator current (CUDA in the same process), torch's own kernel runs.
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from collections import OrderedDict
 from multiprocessing.reduction import ForkingPickler
@@ -101,31 +100,6 @@ def _untyped_storage_new(cls, *args, device=None, **kwargs):
     host = _STORAGE_NEW(cls, *args, **kwargs)  # a size, or a sequence of byte values
     fresh = not args or isinstance(args[0], int)
     return hostio.on_device(host, _index(device), fresh=fresh)
-
-
-class device(contextlib.ContextDecorator):  # noqa: N801 (torch.cuda.device's name)
-    """``torch.tpu.device(d)``: a context manager that makes ``d`` the current
-    tpu device, as ``torch.cuda.device`` does (torch's storage ``.to(device=...)``
-    enters it). ``d``: a ``torch.device``, a string or an index; None or a
-    negative index changes nothing."""
-
-    def __init__(self, device) -> None:
-        if device is None or isinstance(device, int):
-            self.index = -1 if device is None else device
-        else:
-            self.index = _index(torch.device(device))
-        self.previous = -1
-
-    def __enter__(self):
-        self.previous = tpu.current_device()
-        if self.index >= 0 and self.index != self.previous:
-            tpu.set_device(self.index)
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        if self.index >= 0 and self.index != self.previous:
-            tpu.set_device(self.previous)
-        return False
 
 
 _warned_pinning = []

@@ -5,6 +5,7 @@ Names follow TorchTPU's ``torch.tpu`` so code written for it runs here.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import types
 
@@ -33,6 +34,7 @@ __all__ = [
     "Stream",
     "StreamContext",
     "current_device",
+    "device",
     "current_stream",
     "default_stream",
     "device_count",
@@ -159,6 +161,32 @@ def get_device_properties(device=None) -> types.SimpleNamespace:
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
     return [torch.bfloat16, torch.float16]
+
+
+class device(contextlib.ContextDecorator):  # noqa: N801 (torch.cuda.device's name)
+    """``torch.tpu.device(d)``: a context manager that makes ``d`` the current
+    tpu device, as ``torch.cuda.device`` does (torch's storage ``.to(device=...)``
+    enters it). ``d``: a ``torch.device``, a string or an index; None or a
+    negative index changes nothing."""
+
+    def __init__(self, device) -> None:
+        if device is None or isinstance(device, int):
+            self.index = -1 if device is None else device
+        else:
+            index = torch.device(device).index
+            self.index = current_device() if index is None else index
+        self.previous = -1
+
+    def __enter__(self):
+        self.previous = current_device()
+        if self.index >= 0 and self.index != self.previous:
+            set_device(self.index)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self.index >= 0 and self.index != self.previous:
+            set_device(self.previous)
+        return False
 
 
 class set_eager_mode:  # noqa: N801 - named as TorchTPU's function
