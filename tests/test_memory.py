@@ -158,12 +158,25 @@ def test_another_device_type_is_a_value_error():
         torch.tpu.memory_allocated("cpu")
 
 
-def test_torch_accelerator_memory_functions_do_not_reach_a_python_backend():
-    """Note [Accelerator memory API] in lazytpu/device/memory.py: torch asks its
-    C++ allocator. This fails when torch gives a Python backend a way in; the
-    docs then must change."""
-    with pytest.raises(RuntimeError, match="not a DeviceAllocator"):
-        torch.accelerator.memory_allocated()
+def test_torch_accelerator_memory_functions_are_torch_tpus():
+    """(Note [Accelerator routing] in lazytpu.device.accelerator)"""
+    x = torch.randn(64, 64).to("tpu")
+    (x @ x).cpu()
+    assert torch.accelerator.memory_allocated() == torch.tpu.memory_allocated() > 0
+    assert torch.accelerator.memory_allocated("tpu:0") == torch.accelerator.memory_allocated(0)
+    torch.accelerator.reset_peak_memory_stats()
+    assert torch.accelerator.max_memory_allocated() == torch.tpu.max_memory_allocated()
+    y = torch.randn(128, 128).to("tpu")
+    y.cpu()
+    assert torch.accelerator.memory_allocated() == torch.tpu.memory_allocated()
+    assert torch.accelerator.max_memory_allocated() >= torch.accelerator.memory_allocated()
+    stats = torch.accelerator.memory_stats()
+    assert stats["allocated_bytes.all.current"] == torch.tpu.memory_allocated()
+    free, total = torch.accelerator.get_memory_info()
+    assert 0 <= free <= total
+    torch.accelerator.empty_cache()
+    torch.accelerator.reset_accumulated_memory_stats()
+    del x, y
 
 
 GB = 2**30

@@ -177,10 +177,22 @@ def test_the_timing_thread_ends_when_nothing_is_left():
     del b
 
 
-def test_torch_accelerator_synchronize_has_no_hook_for_a_python_backend():
-    """Note [Accelerator streams] in lazytpu/device/streams.py: torch 2.13 asks the
-    C++ device guard. This fails when torch gives a Python backend a way in."""
-    with pytest.raises(RuntimeError, match="synchroniz"):
-        torch.accelerator.synchronize()
-    torch.accelerator.set_stream(torch.tpu.Stream())  # accepted, changes nothing
+def test_torch_accelerator_streams_and_synchronize_are_torch_tpus():
+    """(Note [Accelerator routing] in lazytpu.device.accelerator)"""
+    start, end = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+    x = torch.randn(128, 128).to("tpu")
+    start.record()
+    y = x @ x
+    end.record()
+    torch.accelerator.synchronize()
+    assert start.query() and end.query() and start.elapsed_time(end) >= 0
+    torch.accelerator.synchronize("tpu:0")
+    torch.accelerator.synchronize(0)
+    s = torch.tpu.Stream()
+    torch.accelerator.set_stream(s)
+    try:
+        assert torch.accelerator.current_stream() == s == torch.tpu.current_stream()
+    finally:
+        torch.accelerator.set_stream(torch.tpu.default_stream())
     assert torch.accelerator.current_stream().stream_id == 0
+    del y

@@ -8,9 +8,11 @@ tables and entry points.
 - ``tpu``: the ``torch.tpu`` module (TorchTPU's names).
 - ``memory``: ``torch.tpu``'s memory functions (Note [Device memory] in lazytpu.runtime.memory).
 - ``streams``: ``torch.tpu``'s streams and events (Note [One queue]).
+- ``accelerator``: ``torch.accelerator``'s streams, synchronize and memory functions reach
+  ``torch.tpu``'s (Note [Accelerator routing]); ``registration`` installs it.
 - ``checkpoint``: the ordering barrier on ``torch.utils.checkpoint``'s recomputation and its
-  random state (Note [Recomputation barrier], Note [Recomputed random ops];
-  ``lazytpu/__init__.py`` calls ``checkpoint.register()``).
+  random state (Note [Recomputation barrier], Note [Recomputed random ops]);
+  ``registration`` installs it.
 - ``autocast``: ``torch.autocast("tpu")`` kernels (Note [Autocast on PrivateUse1]).
 - ``sdpa``: ``F.scaled_dot_product_attention`` as one fused op (Note [SDPA on PrivateUse1]).
 - ``module_conversion``: ``Module.to("tpu")`` keeps Parameters (Note [Module conversion]),

@@ -4,14 +4,9 @@ The numbers are the runtime's (Note [Device memory] in lazytpu.runtime.memory):
 the device's own statistics where PJRT has them, lazytpu's count of its
 buffers otherwise (XLA:CPU). See docs/memory_and_streams.md.
 
-Note [Accelerator memory API]: ``torch.accelerator.memory_allocated()`` and
-the other ``torch.accelerator`` memory functions do not reach a Python
-backend in torch 2.13: they ask the device type's C++ allocator
-(``torch._C._accelerator_getDeviceStats`` and friends), which must be a
-``c10::DeviceAllocator``, and a Python backend has no way to register one;
-torch raises its internal assert "Allocator for tpu is not a
-DeviceAllocator". Use ``torch.tpu.memory_allocated()`` and the rest of this
-module.
+``torch.accelerator.memory_allocated()`` and the other ``torch.accelerator``
+memory functions run these (Note [Accelerator routing] in
+lazytpu.device.accelerator).
 """
 
 from __future__ import annotations

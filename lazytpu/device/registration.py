@@ -13,7 +13,7 @@ from torch.utils import _foreach_utils
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from lazytpu import _config
-from lazytpu.device import autocast, checkpoint, sdpa, serialization, tpu
+from lazytpu.device import accelerator, autocast, checkpoint, sdpa, serialization, tpu
 from lazytpu.device.module_conversion import keep_parameters
 from lazytpu.engine import context
 from lazytpu.frontend.checks import bounds
@@ -156,6 +156,9 @@ def register() -> None:
     # torch.utils.checkpoint's recomputation behind a barrier, with the forward's random state
     # (Note [Recomputation barrier] in device/checkpoint).
     checkpoint.register()
+    # torch.accelerator's streams, synchronize and memory functions reach torch.tpu's
+    # (Note [Accelerator routing] in device/accelerator).
+    accelerator.register()
     # The one patch of a torch class, so that ``model.to("tpu")`` keeps
     # Parameters (and tied weights) as CUDA does (Note [Module conversion]).
     torch.nn.Module._apply = keep_parameters(torch.nn.Module._apply)

@@ -21,17 +21,11 @@ with work outstanding; it exits when none is left), or from a ``query`` or
 ``synchronize`` that finds them complete first. So ``elapsed_time`` also
 works after ``torch.tpu.synchronize()``, as on CUDA.
 
-Note [Accelerator streams]: torch 2.13's ``torch.accelerator`` routes
-streams and synchronization through the backend's C++ device guard, and a
-Python backend's guard (``torch._C._acc.DeviceGuard``) lets Python override
-only its device type: ``torch.accelerator.current_stream()`` always returns
-the default stream (``torch.Stream`` id 0, equal to
-``torch.tpu.default_stream()``), ``torch.accelerator.set_stream(s)`` changes
-nothing, and ``torch.accelerator.synchronize()`` raises "Backend doesn't
-support synchronizing all streams on device". ``torch.Stream.wait_event``
-and ``wait_stream`` of torch's own stream accept these events and streams
-and do nothing, which is right for one queue. Use ``torch.tpu.synchronize()``
-and ``torch.tpu.current_stream()``.
+``torch.accelerator.synchronize()``, ``current_stream()`` and
+``set_stream(s)`` run ``torch.tpu``'s (Note [Accelerator routing] in
+lazytpu.device.accelerator). ``torch.Stream.wait_event`` and ``wait_stream``
+of torch's own stream accept these events and streams and do nothing, which
+is right for one queue.
 """
 
 from __future__ import annotations
