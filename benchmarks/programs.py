@@ -51,9 +51,9 @@ def _captured_programs():
         programs[key] = (fn, specs)
         return compile_(key, fn, inputs, index, donate, on_compile)
 
-    def run_spy(key, compile_fn, args, blocking=False):
+    def run_spy(key, compile_fn, args, blocking=False, **counted):
         runs.append(key)
-        return run_(key, compile_fn, args, blocking)
+        return run_(key, compile_fn, args, blocking, **counted)
 
     executor._compile, executor.run_program = compile_spy, run_spy
     try:
