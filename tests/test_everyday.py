@@ -247,16 +247,8 @@ TO_TPU = {
 }
 
 
-# Open bug: ``storage.tpu()`` in a callable map_location passes alone, and in the full
-# suite fails for the bool tensor ("a torch.bool tensor set to a tpu storage that
-# torch.uint8 tensors use", frontend/routes/handlers.py set_storage): the storage's
-# first upload is uint8 and storage_for does not turn it into bool there. Not strict:
-# it passes when run alone (tests/test_everyday.py) and fails after tests/test_compile*.py.
-_STORAGE_TPU_BUG = pytest.mark.xfail(strict=False, reason="order-dependent bool upload bug of storage.tpu()")
-
-
 def _params(table: dict) -> list:
-    return [pytest.param(v, id=k, marks=_STORAGE_TPU_BUG if "callable" in k else ()) for k, v in table.items()]
+    return [pytest.param(v, id=k) for k, v in table.items()]
 
 
 def _assert_loaded_as(loaded: dict, expected: dict, device: str) -> None:
@@ -296,7 +288,7 @@ FROM_TPU = {
 @pytest.mark.parametrize("weights_only", [True, False])
 @pytest.mark.parametrize(
     "map_location,device",
-    [pytest.param(*v, id=k, marks=_STORAGE_TPU_BUG if k == "callable_tpu" else ()) for k, v in FROM_TPU.items()],
+    [pytest.param(*v, id=k) for k, v in FROM_TPU.items()],
 )
 def test_load_a_tpu_checkpoint(tmp_path, map_location, device, weights_only):
     """A tpu checkpoint is saved as a CUDA one: its storages tagged tpu:0,
@@ -315,7 +307,7 @@ def test_load_a_tpu_checkpoint(tmp_path, map_location, device, weights_only):
         pytest.param(None, None, id="none"),
         pytest.param("cpu", "cpu", id="cpu"),
         pytest.param("tpu", "tpu", id="tpu"),
-        pytest.param(lambda storage, location: storage.tpu(), "tpu", id="callable", marks=_STORAGE_TPU_BUG),
+        pytest.param(lambda storage, location: storage.tpu(), "tpu", id="callable"),
     ],
 )
 @pytest.mark.parametrize("source", DEVICES)
@@ -330,7 +322,6 @@ def test_load_a_checkpoint_in_torchs_legacy_format(tmp_path, source, map_locatio
     _assert_loaded_as(loaded, _checkpoint("cpu"), device or source)
 
 
-@_STORAGE_TPU_BUG
 def test_storage_to_device_enters_the_device_module(tmp_path):
     """``lambda s, l: s.to(device="tpu")`` goes through torch's ``_to``, which
     enters ``torch.tpu.device``."""
@@ -507,3 +498,22 @@ def test_device_context_switches_the_current_device_and_back():
         with torch.tpu.device(torch.tpu.device_count()):
             pass
     assert torch.tpu.current_device() == before
+
+
+def test_an_upload_changes_dtype_only_when_no_tensor_holds_it():
+    """A tpu storage's first upload (uint8, by torch's storage copy) becomes the
+    dtype of the tensor set to it when nothing else holds it, whatever the
+    calling convention adds to a count of references (once torch.compile had
+    run, a fixed count kept bool tensors from loading)."""
+    from lazytpu.frontend import hostio
+
+    memory = torch.UntypedStorage(3, device="tpu")
+    memory.copy_(torch.tensor([1, 0, 1], dtype=torch.uint8).untyped_storage())
+    held = hostio.held_by(memory)
+    assert held.storage is not None and held.storage.value.aval.dtype is torch.uint8
+    extra = held.storage
+    assert not hostio._held_only_by(held)
+    del extra
+    assert hostio._held_only_by(held)
+    flags = torch.empty(0, dtype=torch.bool, device="tpu").set_(memory, 0, (3,), (1,))
+    assert flags.tolist() == [True, False, True]

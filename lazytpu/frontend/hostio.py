@@ -193,10 +193,20 @@ def held_by(storage: torch.UntypedStorage) -> DeviceStorage | None:
     return held
 
 
-def _held_by_one(storage) -> bool:
-    """Whether one reference (a ``DeviceStorage``'s) holds ``storage``: no
-    tensor is a window on it (a tensor holds its storage; the graph's are weak)."""
-    return sys.getrefcount(storage) <= 3  # the DeviceStorage's, this parameter's, getrefcount's argument
+class _Probe:
+    __slots__ = ("storage",)
+
+
+def _held_only_by(held: DeviceStorage) -> bool:
+    """Whether only ``held`` holds its ``storage``: no tensor is a window on it
+    (a tensor holds its storage; the graph's references are weak). The count is
+    read as a probe's, an object held by one attribute, is read in the same
+    frame: a frame-evaluation hook (dynamo's, once ``torch.compile`` has run)
+    can add references of its own to a call's arguments, so a fixed count
+    would be wrong after it."""
+    probe = _Probe()
+    probe.storage = object()
+    return sys.getrefcount(held.storage) <= sys.getrefcount(probe.storage)
 
 
 def storage_for(held: DeviceStorage, dtype: torch.dtype, nbytes: int):
@@ -216,7 +226,7 @@ def storage_for(held: DeviceStorage, dtype: torch.dtype, nbytes: int):
         held.storage = base._lt_storage
     elif storage.value.aval.dtype is not dtype and reinterpretable(storage.value.aval.dtype, torch.uint8):
         del storage
-        if _held_by_one(held.storage):  # nothing sees the old upload: it becomes this dtype
+        if _held_only_by(held):  # nothing sees the old upload: it becomes this dtype
             held.storage = _as_dtype(held.storage, dtype, nbytes)._lt_storage
     return held.storage
 
