@@ -184,7 +184,9 @@ def test_lifted_scalars_reach_the_program_packed_by_kind(monkeypatch):
     calls = []
     run_compiled = executor.run_compiled
     monkeypatch.setattr(
-        executor, "run_compiled", lambda c, args, blocking=False: calls.append(args) or run_compiled(c, args, blocking)
+        executor,
+        "run_compiled",
+        lambda c, args, blocking=False, **counted: calls.append(args) or run_compiled(c, args, blocking, **counted),
     )
     x, i, c = torch.linspace(-1, 1, 4), torch.arange(4), torch.ones(3, dtype=torch.complex64)
     tx, ti, tc = x.to("tpu"), i.to("tpu"), c.to("tpu")

@@ -107,4 +107,5 @@ def native_batch_norm_backward(
         grad_x = (g - _channel(sum_g / n, x) - xhat * _channel(sum_gx / n, x)) * scale
     else:
         grad_x = g * scale
-    return grad_x, sum_gx, sum_g  # every output, as the meta kernel says: an unwanted one is dead code
+    # the outputs torch's meta kernel gives: grad_input always (unwanted, it is dead code), the others as asked
+    return (grad_x, *(grad for grad, wanted in zip((sum_gx, sum_g), output_mask[1:]) if wanted))
