@@ -123,7 +123,16 @@ def _slow_conv_transpose(dtype, stride, output_padding) -> bool:
     lacks bfloat16 support."""
     if dtype == jnp.float16 and not _onednn_float16():
         return True
+    if dtype == jnp.bfloat16 and not _onednn_bfloat16():
+        return True
     return dtype in (jnp.bfloat16, jnp.float16) and any(p >= s for p, s in zip(output_padding, stride))
+
+
+@functools.cache
+def _onednn_bfloat16() -> bool:
+    """Whether this host's CPU torch runs bfloat16 convolutions in oneDNN
+    (ideep's ``has_bf16_type_support``: AVX512 core or newer)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 @functools.cache
