@@ -62,7 +62,7 @@ def test_dead_tensors_are_never_computed():
     from lazytpu.runtime.executor import _CACHE
 
     last_key = list(_CACHE.entries)[-1]
-    program_key, _donated, _device = last_key
+    program_key, _donated, _device, _precision = last_key
     assert len(program_key[0]) == 1
 
 
