@@ -56,7 +56,7 @@ from lazytpu.frontend.routes import handlers  # noqa: F401  (registers the dispa
 from lazytpu.frontend.routes.advanced_indexing import INDEX_OPS, prepare_indexing
 from lazytpu.frontend.routes.fallback import DATA_DEPENDENT, cpu_fallback
 from lazytpu.frontend.routes.foreach import run_foreach  # noqa: F401  (also the compile backend's decomposition)
-from lazytpu.frontend.routes.inplace import run_inplace, run_out
+from lazytpu.frontend.routes.inplace import inplace_runner, run_out
 from lazytpu.frontend.routes.views import run_inplace_view, run_view
 from lazytpu.frontend.schema import functional_of, is_inplace, out_args, view_kind
 from lazytpu.frontend.tensor import LazyTensor
@@ -152,7 +152,7 @@ def _after_foreach(func) -> Route:
         functional = functional_of(func)
         if functional is not None and resolves(functional):
             if is_inplace(func):
-                return Route("inplace", lambda f, a, k: run_inplace(f, functional, a, k), None, functional)
+                return Route("inplace", inplace_runner(func, functional), None, functional)
             return Route("out", lambda f, a, k: run_out(f, functional, a, k), None, functional)
     last = _last(func)
     decomp = DECOMPOSITIONS.get(func)

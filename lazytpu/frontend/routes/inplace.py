@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import re
 
 import torch
@@ -92,7 +91,6 @@ def _functional_recipe(func, functional, n_args: int, kwarg_names: tuple) -> tup
 _INPLACE_CHECKED = _caches.memo("inplace_checked")
 
 
-@functools.cache
 def _written_several(func) -> tuple[str, ...]:
     """The names of the arguments ``func`` writes, when it writes more than
     one tensor (a list, or several arguments); empty otherwise.
@@ -138,10 +136,15 @@ def _run_inplace_several(func, functional, args, kwargs, written: tuple[str, ...
     return args[0] if func._schema.returns else None
 
 
-def run_inplace(func, functional, args, kwargs):
+def inplace_runner(func, functional):
+    """The runner of the in-place ``func`` through ``functional``, chosen once per op (its route)."""
     written = _written_several(func)
     if written:
-        return _run_inplace_several(func, functional, args, kwargs, written)
+        return lambda f, a, k: _run_inplace_several(f, functional, a, k, written)
+    return lambda f, a, k: run_inplace(f, functional, a, k)
+
+
+def run_inplace(func, functional, args, kwargs):
     self = args[0]
     key, _ = plan_key(func, args, kwargs)
     if key not in _INPLACE_CHECKED:
