@@ -18,15 +18,6 @@ aten = torch.ops.aten
 
 _VIEW_PLANS = _caches.memo("view_plans")
 
-# Note [contiguous below autograd]: ``contiguous`` is CompositeImplicit, so a
-# call from Python decomposes above autograd; one made below it (a C++ kernel
-# torch runs for tpu, Note [Composite kernels on device] in
-# routes/fallback.py) arrives whole. Its schema says it aliases its input, as
-# it does when the input is already contiguous; otherwise it is a copy, not a
-# window with new strides on the input's storage.
-_CONTIGUOUS, _DENSE = aten.contiguous.default, torch.contiguous_format
-
-
 def run_view(func, args, kwargs):
     """A view op: the outputs share the input's storage (no node is recorded).
 
@@ -35,8 +26,6 @@ def run_view(func, args, kwargs):
     descriptions are planned once per call signature (Note [Plans]).
     """
     src = args[0]
-    if func is _CONTIGUOUS and not src.is_contiguous(memory_format=kwargs.get("memory_format", _DENSE)):
-        return None  # a copy (Note [contiguous below autograd])
     key, _ = plan_key(func, args, kwargs)
     plan = _VIEW_PLANS.get(key)
     if plan is None:
