@@ -18,6 +18,7 @@ aten = torch.ops.aten
 
 _VIEW_PLANS = _caches.memo("view_plans")
 
+
 def run_view(func, args, kwargs):
     """A view op: the outputs share the input's storage (no node is recorded).
 
