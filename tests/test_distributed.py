@@ -11,95 +11,12 @@ rank fails the test instead of hanging CI.
 from __future__ import annotations
 
 import copy
-import faulthandler
 import os
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable
 
-WATCHDOG_S = 90  # a worker running longer dumps its stacks and exits
-LAUNCH_TIMEOUT_S = 150  # the launcher kills whatever still runs after this
-GRACE_S = 20  # after one rank fails, the others get this long to fail too
-
-
-# -- launcher (the pytest side) ---------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(scenario: str, world: int = 2, env: dict | None = None, timeout: float = LAUNCH_TIMEOUT_S):
-    """Run ``scenario`` on ``world`` ranks; returns ``[(returncode, output), ...]``.
-
-    A rank still running at the deadline (or ``GRACE_S`` after another rank
-    failed) is killed and reported with return code ``None``.
-    """
-    port = _free_port()
-    procs, logs = [], []
-    for rank in range(world):
-        log = tempfile.TemporaryFile(mode="w+")
-        rank_env = dict(
-            os.environ,
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            RANK=str(rank),
-            WORLD_SIZE=str(world),
-            LOCAL_RANK=str(rank),
-            LOCAL_WORLD_SIZE=str(world),
-            PYTHONUNBUFFERED="1",
-            **(env or {}),
-        )
-        procs.append(
-            subprocess.Popen([sys.executable, __file__, scenario], env=rank_env, stdout=log, stderr=subprocess.STDOUT)
-        )
-        logs.append(log)
-    deadline = time.monotonic() + timeout
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        if any(p.poll() not in (None, 0) for p in procs):
-            deadline = min(deadline, time.monotonic() + GRACE_S)
-        time.sleep(0.1)
-    results = []
-    for p, log in zip(procs, logs):
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-            code = None
-        else:
-            code = p.returncode
-        log.seek(0)
-        results.append((code, log.read()))
-        log.close()
-    return results
-
-
-def _report(results) -> str:
-    return "\n".join(f"--- rank {r} (exit {code}) ---\n{out[-6000:]}" for r, (code, out) in enumerate(results))
-
-
-def run_job(job: str) -> list[tuple[int | None, str]]:
-    """The results of ``job`` (launched once per test session)."""
-    if job not in _RESULTS:
-        _RESULTS[job] = launch(job, JOBS[job].world, env=JOBS[job].env)
-    return _RESULTS[job]
-
-
-_RESULTS: dict[str, list] = {}
-
-
-def assert_section(job: str, section: str, ranks=None) -> list[str]:
-    """Every rank of ``job`` (or those in ``ranks``) reported ``section`` OK."""
-    results = run_job(job)
-    for rank, (_, out) in enumerate(results):
-        if ranks is None or rank in ranks:
-            assert f"OK {section}\n" in out, f"section {section!r} of job {job!r} failed:\n" + _report(results)
-    return [out for _, out in results]
-
+from dist_harness import LAUNCH_TIMEOUT_S, Harness, Job, report
 
 # -- the tests ----------------------------------------------------------------------------
 # Two jobs share a launch each (starting ranks costs ~15 s on 2 cores):
@@ -138,7 +55,7 @@ def test_ddp_options_needing_pinned_memory_fail_at_construction():
 
 def test_defer_job_exits_cleanly():
     results = run_job("defer")
-    assert all(code == 0 for code, _ in results), _report(results)
+    assert all(code == 0 for code, _ in results), report(results)
 
 
 def test_mixed_gloo_and_tpu_alias_backend():
@@ -161,22 +78,8 @@ def test_four_ranks_groups_and_point_to_point():
 
 def test_hung_rank_is_stopped_by_its_watchdog():
     results = run_job("hang")
-    assert all(code not in (0, None) for code, _ in results), _report(results)
-    assert "Timeout" in results[1][1] and "_section_hang" in results[1][1], _report(results)
-
-
-def assert_alone(job: str, section: str) -> None:
-    """``section`` of ``job`` passed, run in one process (no launcher environment)."""
-    if job not in _RESULTS:
-        proc = subprocess.run(
-            [sys.executable, __file__, job],
-            env=dict(os.environ, PYTHONUNBUFFERED="1", **JOBS[job].env),
-            capture_output=True,
-            text=True,
-            timeout=LAUNCH_TIMEOUT_S,
-        )
-        _RESULTS[job] = proc.stdout + proc.stderr
-    assert f"OK {section}\n" in _RESULTS[job], _RESULTS[job]
+    assert all(code not in (0, None) for code, _ in results), report(results)
+    assert "Timeout" in results[1][1] and "_section_hang" in results[1][1], report(results)
 
 
 def test_world_of_one_in_this_process():
@@ -237,18 +140,6 @@ def test_single_process_data_parallel_example():
 
 
 # -- workers (the rank side) ---------------------------------------------------------------
-
-
-class Job:
-    """Sections run in order in every rank of one launch, after ``setup``.
-
-    Each section prints ``OK <name>`` or its traceback; a failing section does
-    not stop the next (unless it leaves the ranks out of step: the watchdog
-    then ends them).
-    """
-
-    def __init__(self, env: dict, sections: list[Callable], backend: str | None = "tpu_dist", world: int = 2):
-        self.env, self.sections, self.backend, self.world = env, sections, backend, world
 
 
 def _mine(r, shape=(3,), dtype=None):
@@ -815,37 +706,9 @@ JOBS = {
         backend=None,
     ),
 }
-
-
-def main() -> None:
-    job = JOBS[sys.argv[1]]
-    watchdog_s = float(os.environ.get("DIST_TEST_WATCHDOG_S", WATCHDOG_S))
-    faulthandler.dump_traceback_later(watchdog_s, exit=True)
-    import traceback
-
-    import torch.distributed as dist
-
-    import lazytpu.distributed
-
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    if job.backend is not None:
-        lazytpu.distributed.options().heartbeat_timeout_s = int(os.environ.get("DIST_TEST_HEARTBEAT_S", 100))
-        dist.init_process_group(backend=job.backend)
-        rank, world = dist.get_rank(), dist.get_world_size()
-    # Re-armed once the ranks are up: a slow start (a loaded machine) must not
-    # use up the sections' time.
-    faulthandler.dump_traceback_later(watchdog_s, exit=True)
-    for section in job.sections:
-        name = section.__name__.removeprefix("_section_")
-        try:
-            section(rank, world)
-            print(f"OK {name}", flush=True)
-        except Exception:
-            print(f"FAILED {name}:\n{traceback.format_exc()}", flush=True)
-    if job.backend is not None:
-        dist.barrier()
-        dist.destroy_process_group()
+HARNESS = Harness(__file__, JOBS)
+run_job, assert_section, assert_alone = HARNESS.run_job, HARNESS.assert_section, HARNESS.assert_alone
 
 
 if __name__ == "__main__":
-    main()
+    HARNESS.main()
