@@ -228,3 +228,24 @@ def test_jax_step_with_grads_returns_torchs_gradients(name):
     assert len(got) == len(want) == len(list(cpu.model.parameters()))
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-6)
+
+
+def test_device_check_script_names_what_the_suite_has():
+    """benchmarks/device_check.sh (issue 21 item 6) is valid bash, and the
+    workloads, variants and step modes it runs exist: a renamed one would only
+    show on the device machine, where each run is scarce."""
+    import re
+
+    from benchmarks import settings, steps
+
+    script = os.path.join(ROOT, "benchmarks", "device_check.sh")
+    subprocess.run(["bash", "-n", script], check=True)
+    text = open(script).read()
+    (workloads,) = re.findall(r"for w in ([\w ]+); do", text)
+    assert set(workloads.split()) <= set(W.WORKLOADS)
+    (variants,) = re.findall(r"--variants ([\w,]+)", text)
+    assert set(variants.split(",")) <= set(settings.VARIANTS)
+    (modes,) = re.findall(r"for mode in ([\w ]+); do", text)
+    for step_workloads in re.findall(r"benchmarks.steps --workloads ([\w,]+)", text):
+        assert set(step_workloads.split(",")) <= set(steps.TRAINING)
+    assert set(modes.split()) <= {"defer", "defer_whole", "strict"}
