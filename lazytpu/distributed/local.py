@@ -9,15 +9,23 @@ process group: one process drives every device, and its collectives take one
 tensor per device and run as one XLA program over the mesh (the same rules as
 ``tpu_dist``'s collectives across processes). Each collective first flushes the
 devices' pending programs (it is a sync point of each device).
+
+Or one model over the whole mesh, its tensors sharded (``shard_module``,
+``shard_batch``, ``shard``): they keep their full shapes on the mesh's first
+device, and each step compiles to one SPMD program over every device (Note
+[Sharded tensors] in lazytpu.distributed.spmd).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
 import numpy as np
 import torch
+from torch.distributed.tensor import Shard
 
-from lazytpu.distributed import collectives
+from lazytpu.distributed import collectives, spmd
 from lazytpu.distributed.jax_runtime import AXIS
 from lazytpu.distributed.process_group import bind_result, device_arrays
 from lazytpu.runtime import platform
@@ -34,7 +42,17 @@ class LocalMesh:
         size: how many devices (default: all, ``torch.tpu.device_count()``).
         dim_name: the mesh dimension's name (``mesh_dim_names`` in torch).
 
-    Example::
+    Example, one model sharded over every device (Note [Sharded tensors]
+    in lazytpu.distributed.spmd)::
+
+        mesh = LocalMesh()
+        model = mesh.shard_module(model)  # each parameter Shard(0) over the mesh
+        opt = torch.optim.AdamW(model.parameters())
+        for x, y in batches:
+            loss = loss_fn(model(mesh.shard_batch(x)), mesh.shard_batch(y))
+            ...  # backward, opt.step(): one SPMD program per step
+
+    Example, one replica per device::
 
         mesh = LocalMesh(dim_name="dp")
         replicas = [copy.deepcopy(model).to(d) for d in mesh.devices]
@@ -93,3 +111,18 @@ class LocalMesh:
         if tensor.shape[dim] % self.size():
             raise ValueError(f"LocalMesh.scatter: dim {dim} ({tensor.shape[dim]}) is not divisible by {self.size()}")
         return [chunk.to(device) for chunk, device in zip(tensor.chunk(self.size(), dim), self.devices)]
+
+    # -- one model over the mesh (Note [Sharded tensors] in lazytpu.distributed.spmd) --
+    def shard(self, tensor: torch.Tensor, placements: Sequence = (Shard(0),)) -> torch.Tensor:
+        """``tensor`` laid out over the mesh by torch's ``placements``
+        (``[Shard(dim)]`` or ``[Replicate()]``): ``spmd.shard``."""
+        return spmd.shard(tensor, self, placements)
+
+    def shard_module(self, module: torch.nn.Module, placements: Sequence | None = None) -> torch.nn.Module:
+        """``module``'s parameters sharded over the mesh, in place (default:
+        ``Shard(0)`` where dim 0 divides by ``size()``): ``spmd.shard_module``."""
+        return spmd.shard_module(module, self, placements)
+
+    def shard_batch(self, batch: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        """``batch`` (on any device) split along ``dim`` over the mesh, on its first device."""
+        return spmd.shard(batch, self, [Shard(dim)])

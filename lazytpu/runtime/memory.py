@@ -18,6 +18,9 @@ themselves (a matmul fused with what follows it: the analysis does not see
 them), the temporaries of programs holding in-graph collectives (their
 outputs are counted, ``distributed.ingraph``), and a copy from one tpu
 device to another (a buffer ``jax.device_put`` makes outside this stage).
+A buffer sharded over several devices counts its shard on each of them
+(Note [SPMD programs] in lazytpu.runtime.executor); XLA's memory analysis
+of an SPMD program is per device already.
 
 Where the PJRT device reports memory statistics (``jax.Device.memory_stats()``:
 TPU, GPU), current bytes are the device's own ``bytes_in_use`` (everything
@@ -65,6 +68,11 @@ def _nbytes(shape, dtype) -> int:
     return math.prod(shape) * dtype.itemsize
 
 
+def _shard_shape(out) -> tuple:
+    sharding = getattr(out, "sharding", None)
+    return out.shape if sharding is None else sharding.shard_shape(out.shape)
+
+
 _FOOTPRINTS = weakref.WeakKeyDictionary()  # compiled program -> Footprint
 _caches.register("program_footprints", _FOOTPRINTS.clear)
 
@@ -76,7 +84,8 @@ def footprint(compiled) -> Footprint:
         import jax
 
         analysis = compiled.memory_analysis()
-        outputs = tuple(_nbytes(o.shape, o.dtype) for o in jax.tree_util.tree_leaves(compiled.out_info))
+        # per device: the bytes of an output's shard (an SPMD program's, Note [SPMD programs])
+        outputs = tuple(_nbytes(_shard_shape(o), o.dtype) for o in jax.tree_util.tree_leaves(compiled.out_info))
         if analysis is None:  # a platform without the analysis: the outputs at least
             temp, transient = 0, sum(outputs)
         else:
