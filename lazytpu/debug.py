@@ -40,6 +40,8 @@ def _aval(a) -> str:
 
 
 def _kind(k) -> str:
+    if hasattr(k, "value"):  # a number compiled in (Note [Scalar specialization] in lazytpu.fusion.specialize)
+        return f"{k.kind.__name__} constant {k.value!r}"
     return _aval(k) if hasattr(k, "shape") else f"{k.__name__} scalar"
 
 
@@ -178,7 +180,9 @@ def _differences(old, new) -> list[tuple[str, str]]:
         for i, (a, b) in enumerate(zip(old.input_kinds, new.input_kinds)):
             if a != b and not (elsewhere and id(_first_user(new, i)) in elsewhere):
                 what = "shape" if getattr(a, "dtype", None) == getattr(b, "dtype", None) else "dtype"
-                out.append((f"input {what} changed", f"input %in{i} ({_first_use(new, i)}): {_kind(a)} -> {_kind(b)}"))
+                number = hasattr(a, "value") or hasattr(b, "value")  # Note [Scalar specialization]
+                reason = "Python number changed" if number else f"input {what} changed"
+                out.append((reason, f"input %in{i} ({_first_use(new, i)}): {_kind(a)} -> {_kind(b)}"))
         for j, (a, b) in enumerate(zip(old.ops, new.ops)):
             if id(b) in elsewhere:
                 continue

@@ -178,7 +178,9 @@ def test_changing_python_ints_reuse_one_program():
 def test_lifted_scalars_reach_the_program_packed_by_kind(monkeypatch):
     """Note [Packed scalars] in lazytpu/lowering/to_jax.py: a program's lifted numbers
     arrive as one array per kind after its buffers (not an argument each), with the
-    values and dtypes CPU torch computes, and donation still finds its buffers."""
+    values and dtypes CPU torch computes, and donation still finds its buffers. The
+    first program has them as constants (Note [Scalar specialization] in
+    lazytpu.fusion.specialize): no packed arguments; once they change, they are."""
     from lazytpu.runtime import executor
 
     calls = []
@@ -191,21 +193,25 @@ def test_lifted_scalars_reach_the_program_packed_by_kind(monkeypatch):
     x, i, c = torch.linspace(-1, 1, 4), torch.arange(4), torch.ones(3, dtype=torch.complex64)
     tx, ti, tc = x.to("tpu"), i.to("tpu"), c.to("tpu")
     lazytpu.sync()
-    for k in (1, 2):
+    for k in (1, 2, 3):
         calls.clear()
-        out = [tx * (0.5 * k) + 1.25, ti * (3 * k) - 7, tc * complex(1, k), (tx + 2.0).to(torch.float16) * 0.1]
-        tx.add_(0.5)  # an in-place write of a materialized buffer: its old value is donated
+        h = 0.25 * k
+        out = [tx * (0.5 * k) + h, ti * (3 * k) - 7 * k, tc * complex(1, k), (tx + 2.0 * k).to(torch.float16) * h]
+        tx.add_(0.5 * k)  # an in-place write of a materialized buffer: its old value is donated
         lazytpu.sync()
-        expected = [x * (0.5 * k) + 1.25, i * (3 * k) - 7, c * complex(1, k), (x + 2.0).to(torch.float16) * 0.1]
-        x.add_(0.5)
+        expected = [x * (0.5 * k) + h, i * (3 * k) - 7 * k, c * complex(1, k), (x + 2.0 * k).to(torch.float16) * h]
+        x.add_(0.5 * k)
         for got, want in zip(out, expected):
             torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
         torch.testing.assert_close(tx.cpu(), x, rtol=0, atol=0)
         (args,) = calls
         packed = [a for a in args if isinstance(a, np.ndarray)]
+        if k == 1:
+            assert packed == [] and len(args) == 3  # three buffers; every number compiled in
+            continue
         assert [a.dtype for a in packed] == [np.float64, np.int64, np.complex128]
         assert len(args) == 3 + len(packed)  # three buffers, then the packed numbers
-        assert packed[0].tolist() == [0.5 * k, 1.25, 2.0, 0.1, 0.5] and packed[1].tolist() == [3 * k, 7]
+        assert packed[0].tolist() == [0.5 * k, h, 2.0 * k, h, 0.5 * k] and packed[1].tolist() == [3 * k, 7 * k]
 
 
 def _cpu_step(i):

@@ -6,6 +6,7 @@ from typing import Any
 
 import attrs
 
+from lazytpu.fusion.specialize import specialize
 from lazytpu.ir.node import Aval, Data, Failed, Node, Output, Scalar
 from lazytpu.ir.source import source_text
 
@@ -34,7 +35,9 @@ class Program:
 
     def __init__(self, key: tuple, nodes: list, refs: list, input_kinds: tuple, outputs: tuple) -> None:
         self.key = key
-        self.input_kinds = input_kinds  # Aval for buffers, float/complex for lifted scalars
+        # Aval for buffers, float/int/complex for lifted numbers, Constant for those compiled in
+        # (Note [Scalar specialization] in lazytpu.fusion.specialize)
+        self.input_kinds = input_kinds
         self.outputs = outputs
         self._nodes, self._refs, self._ops = nodes, refs, None
 
@@ -95,6 +98,8 @@ def build_program(roots: list[Output]) -> tuple[Program, list, list[Output]]:
     buffer_slot: dict[int, int] = {}
     all_refs = []
     key_parts = []
+    scalar_at: list[int] = []
+    scalar_values: list = []
     for node in nodes:
         refs = []
         for v in node.inputs:
@@ -109,6 +114,8 @@ def build_program(roots: list[Output]) -> tuple[Program, list, list[Output]]:
                     kinds.append(v.aval)
                 refs.append(("in", slot))
             elif kind is Scalar:
+                scalar_at.append(len(inputs))
+                scalar_values.append(v.value)
                 refs.append(("in", len(inputs)))
                 inputs.append(v.value)
                 kinds.append(v.kind)
@@ -121,8 +128,11 @@ def build_program(roots: list[Output]) -> tuple[Program, list, list[Output]]:
         key_parts.append((node.sig, refs))
     distinct = list(dict.fromkeys(roots))
     outputs = tuple((position[id(r.node)], r.index) for r in distinct)
-    key = (tuple(key_parts), tuple(kinds), outputs)
-    return Program(key, nodes, all_refs, tuple(kinds), outputs), inputs, distinct
+    kinds = tuple(kinds)
+    key = (tuple(key_parts), kinds, outputs)
+    if scalar_at:
+        key, kinds = specialize(key, kinds, scalar_at, scalar_values)
+    return Program(key, nodes, all_refs, kinds, outputs), inputs, distinct
 
 
 # Note [Failure isolation]: when a program fails, only the values that depend

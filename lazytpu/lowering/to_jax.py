@@ -11,6 +11,7 @@ import torch
 from jax._src.lax.lax import _convert_element_type
 
 from lazytpu import _dtypes
+from lazytpu.fusion.specialize import Constant
 from lazytpu.ir.foreach_node import ForeachOp
 from lazytpu.ir.template import fill
 from lazytpu.lowering.casts import convert
@@ -78,28 +79,36 @@ def _apply_foreach(op, spec, in_values: list, out_avals) -> tuple:
 # with hundreds of scalar parameters more slowly. Inside the program each
 # element becomes the weakly typed scalar a Python number traces to, so the
 # rules see what they saw before. ``program_args`` packs a call's inputs.
+# Numbers compiled in as constants (Note [Scalar specialization] in
+# lazytpu.fusion.specialize) are not arguments; they become the same weakly
+# typed scalars, of known value.
 _PACKED = {float: np.float64, int: np.int64, complex: np.complex128}
 
 
-def _layout(kinds: tuple) -> tuple[list[int], list[tuple[type, list[int]]]]:
-    """The input positions of the buffers, and of the scalars of each kind (in _PACKED's order).
-    One pass, by identity: a buffer's kind is an Aval, whose hash a dict lookup would compute."""
+def _layout(kinds: tuple) -> tuple[list[int], list[tuple[type, list[int]]], list[int]]:
+    """The input positions of the buffers, of the scalars of each kind (in _PACKED's order),
+    and of the numbers compiled in as constants (Note [Scalar specialization] in
+    lazytpu.fusion.specialize). One pass, by identity: a buffer's kind is an Aval, whose hash
+    a dict lookup would compute."""
     buffers: list[int] = []
     scalars: dict[type, list[int]] = {}
+    constants: list[int] = []
     for i, k in enumerate(kinds):
         if k is float or k is int or k is complex:
             scalars.setdefault(k, []).append(i)
+        elif type(k) is Constant:
+            constants.append(i)
         else:
             buffers.append(i)
-    return buffers, [(kind, scalars[kind]) for kind in _PACKED if kind in scalars]
+    return buffers, [(kind, scalars[kind]) for kind in _PACKED if kind in scalars], constants
 
 
 def program_args(program, inputs: list, donate: tuple) -> tuple[list, tuple]:
     """The arguments of ``lower_program(program)`` for a call's ``inputs``
     (buffers and Python numbers in input order), and the positions among
     them of the donated buffers ``donate`` (input positions)."""
-    buffers, scalars = _layout(program.input_kinds)
-    if not scalars:
+    buffers, scalars, constants = _layout(program.input_kinds)
+    if not scalars and not constants:
         return inputs, donate
     args = [inputs[i] for i in buffers]
     args += [np.array([inputs[i] for i in positions], dtype=_PACKED[kind]) for kind, positions in scalars]
@@ -128,10 +137,11 @@ def lower_program(program, matmul_precision: str = "highest") -> Callable:
     case.
     """
     run = _with_precision(_lower_unpacked(program), MATMUL_PRECISIONS[matmul_precision])
-    buffers, scalars = _layout(program.input_kinds)
-    if not scalars:
+    kinds = program.input_kinds
+    buffers, scalars, constants = _layout(kinds)
+    if not scalars and not constants:
         return run
-    n = len(program.input_kinds)
+    n = len(kinds)
 
     def packed(*args):
         inputs: list = [None] * n
@@ -140,6 +150,8 @@ def lower_program(program, matmul_precision: str = "highest") -> Callable:
         for (_, positions), vector in zip(scalars, args[len(buffers) :]):
             for j, i in enumerate(positions):
                 inputs[i] = _convert_element_type(vector[j], weak_type=True)
+        for i in constants:  # the same weakly typed scalar, of a value XLA knows
+            inputs[i] = _convert_element_type(np.array(kinds[i].value, _PACKED[kinds[i].kind]), weak_type=True)
         return run(*inputs)
 
     return packed
