@@ -39,18 +39,55 @@ def test_elapsed_time_around_a_matmul_is_positive(wait):
     torch.testing.assert_close(total.cpu(), _matmuls(a.cpu()), rtol=1e-4, atol=1e-3)
 
 
-def test_record_dispatches_what_is_pending():
+def test_record_defers_and_synchronize_dispatches():
+    """Recording dispatches nothing; synchronize does, and waits (Note [Deferred events])."""
     x = torch.randn(64, 64).to("tpu")
     syncs, ran = _event_syncs(), lazytpu.metrics.snapshot()["programs_executed"]
     y = (x @ x).exp()
     event = torch.tpu.Event()
     event.record()
+    z = y + 1  # recorded after the event: fused with the work before it
+    assert (_event_syncs(), lazytpu.metrics.snapshot()["programs_executed"]) == (syncs, ran)
+    event.synchronize()
     assert _event_syncs() == syncs + 1
     assert lazytpu.metrics.snapshot()["programs_executed"] == ran + 1
-    event.synchronize()
     assert event.query()
     assert y._lt_storage.value.buffer.is_ready()  # the event waited for the work recorded before it
     torch.testing.assert_close(y.cpu(), (x.cpu() @ x.cpu()).exp(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(z.cpu(), (x.cpu() @ x.cpu()).exp() + 1, rtol=1e-4, atol=1e-4)
+
+
+def test_a_timing_event_dispatches_what_is_pending():
+    x = torch.randn(64, 64).to("tpu")
+    syncs = _event_syncs()
+    y = (x @ x).exp()
+    event = torch.tpu.Event(enable_timing=True)
+    event.record()
+    assert _event_syncs() == syncs + 1
+    assert not y._lt_storage.pending
+    event.synchronize()
+    assert y._lt_storage.value.buffer.is_ready()
+
+
+def test_events_between_ops_keep_one_program():
+    """FSDP2's pattern: an event per layer, waited for by the next; one program."""
+    x = torch.randn(32, 32).to("tpu")
+    torch.tpu.synchronize()
+    ran = lazytpu.metrics.snapshot()["programs_executed"]
+    stream = torch.tpu.Stream()
+    h = x
+    for _ in range(4):
+        with torch.tpu.stream(stream):
+            h = (h @ x).tanh()
+            event = stream.record_event()
+        torch.tpu.current_stream().wait_event(event)
+        h = h * 2
+    expected = x.cpu()
+    for _ in range(4):
+        expected = (expected @ x.cpu()).tanh() * 2
+    torch.testing.assert_close(h.cpu(), expected, rtol=1e-4, atol=1e-4)
+    assert lazytpu.metrics.snapshot()["programs_executed"] == ran + 1
+    assert event.query()
 
 
 def test_query_is_false_until_the_work_has_run():

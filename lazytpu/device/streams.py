@@ -10,16 +10,32 @@ distinct ids, the current stream per thread and device (as CUDA's, per
 thread), ``torch.tpu.stream(s)`` blocks, so code written for CUDA streams
 (FSDP2's, ``torch.distributed.checkpoint``'s) runs unchanged.
 
-An ``Event`` is the point of the queue where it was recorded: recording it
-dispatches what is pending on the device (a sync point, reason ``event``:
-in defer mode nothing runs until then) and remembers the buffers not yet
-computed; it is complete once those are (``query`` asks
-``jax.Array.is_ready``, ``synchronize`` waits). A timing event takes its
+An ``Event`` is the point of the queue where it was recorded, and is
+complete once the work recorded before it has run (``query`` asks
+``jax.Array.is_ready`` of the buffers it waits for, ``synchronize`` waits).
+Recording one dispatches nothing (Note [Deferred events]); a timing event
+(``enable_timing=True``) does dispatch what is pending (a sync point, reason
+``event``), since its time is that of a point between programs. A timing event takes its
 time when its buffers are complete: at once if they already are, else from a
 helper thread that waits for them (only for ``enable_timing=True`` events
 with work outstanding; it exits when none is left), or from a ``query`` or
 ``synchronize`` that finds them complete first. So ``elapsed_time`` also
 works after ``torch.tpu.synchronize()``, as on CUDA.
+
+Note [Deferred events]: FSDP2 records an event after every layer's
+all-gather and reduce-scatter, and makes its streams wait for them, which
+changes nothing on one queue (Note [One queue]). If recording dispatched what
+is pending, a training step would be cut into a program per layer and
+direction; instead an event recorded while work is pending remembers only
+that some is (``_deferred``), and the step stays one program (or its usual
+segments, Note [Step segments] in lazytpu.engine). Its ``query`` and
+``synchronize``, which must know whether that work has run, dispatch what is
+pending then (reason ``event``) and wait for the device's buffers not yet
+computed: in defer mode the work recorded before the event and any recorded
+after it, up to the query, are fused into the same programs, so they complete
+together, and the answer is the one a queue of these programs gives. An
+event recorded with nothing pending waits for the buffers still computing, as
+before.
 
 ``torch.accelerator.synchronize()``, ``current_stream()`` and
 ``set_stream(s)`` run ``torch.tpu``'s (Note [Accelerator routing] in
@@ -175,6 +191,11 @@ def _device_buffers(ctx) -> list:
     return buffers
 
 
+def _pending(ctx) -> bool:
+    """Whether some lane of the device has work recorded and not dispatched."""
+    return any(lane.graph.pending for lane in list(ctx.lanes.values()))
+
+
 def _outstanding(buffers: list, index: int) -> list:
     """The ``buffers`` not computed yet. One donated to a later program since
     (deleted) cannot be asked: what the device holds now stands for it (it
@@ -203,17 +224,27 @@ class Event(torch.Event):
         self._index: int | None = None  # the device it was recorded on
         self._waiting: list = []  # the buffers it waits for
         self._time: float | None = None  # time.perf_counter() when they were complete
+        self._deferred = False  # work was pending at record, not dispatched yet (Note [Deferred events])
         self._lock = threading.Lock()
 
     def record(self, stream=None) -> None:
-        """Dispatch what is pending on ``stream``'s device (default: the
-        current stream) and make this event complete when it has run."""
+        """Make this event complete when the work recorded so far on
+        ``stream``'s device (default: the current stream) has run. A timing
+        event dispatches that work now (Note [Deferred events])."""
         stream = current_stream() if stream is None else _as_tpu_stream(stream)
         ctx = engine.context(stream.device_index)
+        if not self._timing and _pending(ctx):
+            with self._lock:
+                self._index, self._waiting, self._time, self._deferred = stream.device_index, [], None, True
+            return
+        self._dispatched(ctx, stream.device_index)
+
+    def _dispatched(self, ctx, index: int) -> None:
+        """Dispatch what is pending on the device; wait for what is computing."""
         ctx.flush_all("event")
         waiting = [b for b in _device_buffers(ctx) if not b.is_ready()]
         with self._lock:
-            self._index, self._waiting, self._time = stream.device_index, waiting, None
+            self._index, self._waiting, self._time, self._deferred = index, waiting, None, False
         if not waiting:
             self._complete(time.perf_counter())
         elif self._timing:
@@ -227,6 +258,8 @@ class Event(torch.Event):
 
     def query(self) -> bool:
         """Whether the work recorded before this event has run (True if never recorded)."""
+        if self._deferred:
+            self._dispatched(engine.context(self._index), self._index)
         if self._index is None or not self._waiting:
             return True
         left = _outstanding(self._waiting, self._index)
@@ -240,6 +273,8 @@ class Event(torch.Event):
         """Wait until the work recorded before this event has run."""
         if self._index is None:
             return
+        if self._deferred:
+            self._dispatched(engine.context(self._index), self._index)
         jax.block_until_ready(_outstanding(self._waiting, self._index))
         self._complete(time.perf_counter())
 

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from lazytpu.distributed import (
     ddp,
+    fsdp,
     functional,  # noqa: F401  (handlers of _c10d_functional ops)
 )
 from lazytpu.distributed.jax_runtime import JaxOptions, options
@@ -56,3 +57,4 @@ def register() -> None:
 
 register()
 ddp.install()
+fsdp.install()

@@ -13,7 +13,7 @@ from collections import OrderedDict
 import torch
 
 from lazytpu import _caches
-from lazytpu.ir import Aval, Storage
+from lazytpu.ir import Aval, Failed, Storage
 
 _DEVICES: dict[int, torch.device] = {}
 
@@ -149,6 +149,65 @@ def device_storage(storage: torch.UntypedStorage) -> DeviceStorage | None:
 def tag_storage(storage: torch.UntypedStorage, held: DeviceStorage) -> torch.UntypedStorage:
     vars(storage)[_STORAGE_TAG] = held  # kept: torch keeps a storage's Python object while the storage lives
     return storage
+
+
+# Note [Storage resize]: FSDP2 frees a parameter's gathered copy between uses
+# and allocates it again, keeping every tensor on it (the unsharded parameter,
+# the views autograd saved) with ``untyped_storage().resize_(0)`` and
+# ``resize_(nbytes)``. A tpu tensor's own untyped storage is a ``TpuStorage``,
+# whose ``resize_`` acts on the ``Storage`` its tensors share: ``resize_(0)``
+# binds it to ``Failed`` with a ``FreedStorageError`` (the buffer is dropped, so
+# the device frees it once no program reads it; a tensor read while freed
+# raises that error), ``resize_`` back to its size binds it to a new ``empty``
+# value (pending, unspecified: Note [Uninitialized factories] in
+# device/registration), and ``nbytes()`` (``size()``) says 0 while it is freed.
+# Other sizes are not supported: a storage's value has its base layout's shape.
+# The pending program that read the old value keeps it (nodes are immutable), so
+# freeing never changes what was computed before.
+
+
+class FreedStorageError(RuntimeError):
+    """The error of a tensor read while its tpu storage is freed (Note [Storage resize])."""
+
+
+def freed(storage: Storage) -> bool:
+    """Whether ``storage`` was freed by ``resize_(0)`` (Note [Storage resize])."""
+    value = storage.value
+    return type(value) is Failed and type(value.error) is FreedStorageError
+
+
+class TpuStorage(torch.UntypedStorage):
+    """The ``UntypedStorage`` of a tpu tensor (Note [Storage resize])."""
+
+    def nbytes(self) -> int:
+        held = vars(self).get(_STORAGE_TAG)
+        if held is not None and held.storage is not None and freed(held.storage):
+            return 0
+        return super().nbytes()
+
+    def resize_(self, size: int) -> TpuStorage:
+        held = vars(self).get(_STORAGE_TAG)
+        storage = None if held is None else held.storage
+        if storage is None:
+            raise RuntimeError("lazytpu: resize_() of a tpu storage that no tensor is set to")
+        aval = storage.value.aval
+        if size == 0:
+            if not freed(storage):
+                with storage.graph.lock:
+                    error = FreedStorageError("lazytpu: this tensor's storage was freed (untyped_storage().resize_(0))")
+                    storage.bind(Failed(error, aval))
+        elif size in (aval.nbytes, super().nbytes()):
+            if freed(storage):
+                fresh = torch.empty(aval.shape, dtype=aval.dtype, device=tpu_device(storage.graph.index))
+                value = fresh._lt_storage.value
+                with storage.graph.lock:
+                    storage.bind(value, fresh._lt_storage.graph)
+        else:
+            raise NotImplementedError(
+                f"lazytpu: resize_({size}) of a tpu storage of {aval.nbytes} bytes: only resize_(0) (free) and "
+                "resize_ back to its size are supported (Note [Storage resize])"
+            )
+        return self
 
 
 def _copied_storage(storage: Storage) -> Storage:
@@ -293,6 +352,8 @@ class LazyTensor(torch.Tensor):
         no data pointer, as for any tensor subclass without data), readable
         through the storage's methods (Note [tpu storages] in frontend/hostio)."""
         memory = _UNTYPED_STORAGE(self)
+        if type(memory) is not TpuStorage:
+            memory.__class__ = TpuStorage  # its resize_ (Note [Storage resize])
         held = vars(memory).get(_STORAGE_TAG)
         if held is None or held.storage is not self._lt_storage:
             tag_storage(memory, DeviceStorage(self._lt_storage, None, self._lt_storage.graph.index))
