@@ -124,6 +124,13 @@ class ProcessGroupTPU(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND
 
+    @property
+    def _device_types(self) -> list[torch.device]:
+        # torch reads the devices a group serves from the backends registered on it, none for a
+        # group that is its own backend; this one serves tpu and, through its gloo helper, cpu
+        # tensors (dcp.async_save requires cpu; broadcast_from_rank0 picks the tensors' device).
+        return [torch.device("cpu"), torch.device("tpu")]
+
     # torch keeps a group's name and description on its backends; this group
     # has none, so it keeps them itself (functional collectives look groups up
     # by name).
