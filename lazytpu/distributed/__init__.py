@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from lazytpu.distributed import (
+    checkpoint,
     ddp,
     fsdp,
     functional,  # noqa: F401  (handlers of _c10d_functional ops)
@@ -58,3 +59,4 @@ def register() -> None:
 register()
 ddp.install()
 fsdp.install()
+checkpoint.install()

@@ -1,0 +1,363 @@
+"""Distributed checkpoints (``torch.distributed.checkpoint``) of ``tpu`` tensors,
+DTensors, DDP models and their optimizers: saved with 2 ranks, loaded with 2,
+with 4 and in one process without a process group, where DCP reshards
+(Note [Distributed checkpoints] in lazytpu/distributed/checkpoint.py).
+
+Ranks run as in tests/test_distributed.py (tests/dist_harness.py); the 2-rank
+job saves the checkpoints that the 4-rank job and this process load, under one
+temporary folder passed to the ranks in the environment. Values are compared
+with CPU torch: the tensors saved, and training resumed from a checkpoint
+against uninterrupted single-process CPU training on the whole batch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import tempfile
+
+import torch
+from dist_harness import Harness, Job
+from torch import nn
+from torch.testing import assert_close
+
+_DIR_VAR = "LAZYTPU_TEST_DCP_DIR"
+if _DIR_VAR in os.environ:  # a rank: the launcher's folder
+    ROOT = os.environ[_DIR_VAR]
+else:
+    ROOT = tempfile.mkdtemp(prefix="lazytpu-dcp-")
+    atexit.register(shutil.rmtree, ROOT, ignore_errors=True)
+
+
+# -- the tests -----------------------------------------------------------------------------
+
+
+def test_save_and_load_tensors_and_dtensors_with_two_ranks():
+    assert_section("two", "tensors")
+
+
+def test_ddp_model_and_adamw_resume_with_two_ranks():
+    assert_section("two", "ddp")
+
+
+def test_async_save_stages_tpu_tensors():
+    assert_section("two", "async_save")
+
+
+def test_load_two_rank_tensors_with_four_ranks():
+    assert_section("two", "tensors")
+    assert_section("four", "reshard_tensors")
+
+
+def test_ddp_checkpoint_of_two_ranks_resumes_with_four():
+    assert_section("two", "ddp")
+    assert_section("four", "reshard_ddp")
+
+
+def test_load_two_rank_checkpoints_in_one_process():
+    """``dcp.load`` with no process group: the DTensors saved by two ranks load
+    whole into plain tpu tensors, and a plain model resumes the DDP training."""
+    import warnings
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    assert_section("two", "tensors")
+    assert_section("two", "ddp")
+    assert not dist.is_initialized()
+    expected = _saved_values()
+    out = {k: torch.zeros_like(v, device="tpu") for k, v in expected.items() if isinstance(v, torch.Tensor)}
+    out.update(step=0, name="")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        with _host_reads() as reads:
+            dcp.load(out, checkpoint_id=os.path.join(ROOT, "tensors"))
+        assert reads == [0]
+        for key, value in expected.items():
+            if isinstance(value, torch.Tensor):
+                assert out[key].device == torch.device("tpu", 0), key
+                assert_close(out[key].cpu(), value, msg=key)
+            else:
+                assert out[key] == value, key
+        model, opt = _model_and_optimizer(seed=1, device="tpu")
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, checkpoint_id=os.path.join(ROOT, "ddp"))
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    _train(model, opt, _BATCHES[2:], rank=0, world=1)
+    _assert_trained_as_cpu(model, opt, steps=len(_BATCHES))
+
+
+# -- the ranks' shared pieces -----------------------------------------------------------------
+
+
+def assert_section(job: str, section: str):
+    return HARNESS.assert_section(job, section)
+
+
+@contextlib.contextmanager
+def _host_reads():
+    """Counts the device-to-host copies made in the block (``[count]``)."""
+    from lazytpu import runtime
+
+    original, counter = runtime.to_host, [0]
+
+    def counted(buffer):
+        counter[0] += 1
+        return original(buffer)
+
+    runtime.to_host = counted
+    try:
+        yield counter
+    finally:
+        runtime.to_host = original
+
+
+def _saved_values() -> dict:
+    """The values the ``tensors`` section saves (CPU): plain tensors of several
+    dtypes, views, a value still pending at the save, DTensors, non-tensors."""
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(6, 5, generator=g)
+    return {
+        "f32": base,
+        "column": base[:, 1],  # a non-contiguous view, saved with its base
+        "transposed": base.t(),
+        "pending": base * 2 + 1,  # computed by the save's one program
+        "bf16": torch.randn(5, 3, generator=g).to(torch.bfloat16),
+        "i64": torch.arange(10) * 7 - 3,
+        "flag": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(2.5),
+        "shard0": torch.randn(8, 4, generator=g),  # DTensor, Shard(0)
+        "shard1": torch.randn(3, 8, generator=g),  # DTensor, Shard(1)
+        "repl": torch.randn(4, 4, generator=g),  # DTensor, Replicate()
+        "step": 7,
+        "name": "ckpt",
+    }
+
+
+_PLACEMENTS = {"shard0": "Shard(0)", "shard1": "Shard(1)", "repl": "Replicate()"}
+
+
+def _placement(text: str):
+    from torch.distributed.tensor import Replicate, Shard
+
+    return eval(text, {"Shard": Shard, "Replicate": Replicate})
+
+
+def _mesh(world: int):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("tpu", (world,))
+
+
+def _batches(steps: int = 4, batch: int = 8) -> list:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(batch, 6, generator=g), torch.randn(batch, 4, generator=g)) for _ in range(steps)]
+
+
+_BATCHES = _batches()
+
+
+def _model_and_optimizer(seed: int, device: str):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 4)).to(device)
+    return model, torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
+
+
+def _train(model, opt, batches, rank: int, world: int) -> None:
+    """Steps on ``batches``, each rank on its slice of every batch (the mean
+    loss of a slice; DDP averages the gradients, giving the whole batch's)."""
+    device = next(model.parameters()).device
+    for x, y in batches:
+        n = x.shape[0] // world
+        x, y = x[rank * n : (rank + 1) * n].to(device), y[rank * n : (rank + 1) * n].to(device)
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def _assert_trained_as_cpu(model, opt, steps: int) -> None:
+    """``model`` and ``opt`` hold what ``steps`` steps of single-process CPU
+    training on the whole batch give (parameters and AdamW's state, on tpu)."""
+    ref, ref_opt = _model_and_optimizer(seed=0, device="cpu")
+    _train(ref, ref_opt, _BATCHES[:steps], rank=0, world=1)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        assert p.device.type == "tpu"
+        assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5)
+        state, ref_state = opt.state[p], ref_opt.state[q]
+        assert_close(state["step"], ref_state["step"])
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert state[key].device.type == "tpu", key
+            assert_close(state[key].cpu(), ref_state[key], rtol=1e-4, atol=1e-6)
+
+
+# -- workers (the rank side) -------------------------------------------------------------------
+
+
+def _section_tensors(rank, world):
+    """Save with 2 ranks, load with 2: values, dtypes, devices and placements
+    as saved; one host read per tensor this rank writes, nothing read back at
+    the load (the chunks are uploaded and recorded), no CPU fallback."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.tensor import distribute_tensor
+
+    import lazytpu
+
+    mesh, values, path = _mesh(world), _saved_values(), os.path.join(ROOT, "tensors")
+    base = values["f32"].to("tpu")
+    state = {"f32": base, "column": base[:, 1], "transposed": base.t(), "pending": base * 2 + 1}
+    for key in ("bf16", "i64", "flag", "scalar"):
+        state[key] = values[key].to("tpu")
+    for key, placement in _PLACEMENTS.items():
+        state[key] = distribute_tensor(values[key].to("tpu"), mesh, [_placement(placement)])
+    state.update(step=values["step"], name=values["name"])
+    lazytpu.metrics.reset()
+    with _host_reads() as reads:
+        dcp.save(state, checkpoint_id=path)
+    metadata = dcp.FileSystemReader(path).read_metadata()
+    mine = [i for i, info in metadata.storage_data.items() if info.relative_path.startswith(f"__{rank}_")]
+    tensors = [i for i in mine if i.fqn not in ("step", "name")]
+    assert tensors and reads == [len(tensors)], (reads, mine)
+    snap = lazytpu.metrics.snapshot()
+    assert not snap["cpu_fallbacks"] and snap["programs_executed"] <= 1, snap
+
+    out = {k: torch.zeros_like(v, device="tpu") for k, v in values.items() if isinstance(v, torch.Tensor)}
+    for key, placement in _PLACEMENTS.items():
+        out[key] = distribute_tensor(torch.zeros_like(values[key], device="tpu"), mesh, [_placement(placement)])
+    out.update(step=0, name="")
+    lazytpu.metrics.reset()
+    with _host_reads() as reads:
+        dcp.load(out, checkpoint_id=path)
+    snap = lazytpu.metrics.snapshot()
+    assert reads == [0] and not snap["cpu_fallbacks"] and snap["programs_executed"] == 0, (reads, snap)
+    _check_loaded(out, values, {k: [_placement(p)] for k, p in _PLACEMENTS.items()}, rank, world)
+
+
+def _check_loaded(out: dict, values: dict, placements: dict, rank: int, world: int) -> None:
+    from torch.distributed.tensor import DTensor
+
+    for key, value in values.items():
+        got = out[key]
+        if not isinstance(value, torch.Tensor):
+            assert got == value, (key, got)
+            continue
+        if key in placements:
+            assert isinstance(got, DTensor) and tuple(got.placements) == tuple(placements[key]), (key, got)
+            local = got.to_local()
+            assert local.device == torch.device("tpu", 0), key
+            expected_local = _local_chunk(value, placements[key][0], rank, world)
+            assert_close(local.cpu(), expected_local, msg=key)
+            got = got.full_tensor()
+        assert got.device == torch.device("tpu", 0), key
+        assert_close(got.cpu(), value, msg=key)
+
+
+def _local_chunk(value: torch.Tensor, placement, rank: int, world: int) -> torch.Tensor:
+    if placement.is_replicate():
+        return value
+    chunks = torch.chunk(value, world, dim=placement.dim)  # DTensor's uneven shards: the last ones may be empty
+    return chunks[rank] if rank < len(chunks) else value.narrow(placement.dim, 0, 0)
+
+
+def _section_ddp(rank, world):
+    """DDP + AdamW: 2 steps, get_state_dict, dcp.save; a fresh DDP model and
+    optimizer (other initial values) load it with set_state_dict and train 2
+    more steps: as 4 steps of CPU training, and as the uninterrupted run."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model, opt = _model_and_optimizer(seed=0, device="tpu")
+    model = DDP(model)
+    _train(model, opt, _BATCHES[:2], rank, world)
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(ROOT, "ddp"))
+    _train(model, opt, _BATCHES[2:], rank, world)
+
+    fresh, fresh_opt = _model_and_optimizer(seed=1, device="tpu")
+    fresh = DDP(fresh)
+    _resume(fresh, fresh_opt, os.path.join(ROOT, "ddp"))
+    _assert_trained_as_cpu(fresh.module, fresh_opt, steps=2)
+    _train(fresh, fresh_opt, _BATCHES[2:], rank, world)
+    _assert_trained_as_cpu(fresh.module, fresh_opt, steps=4)
+    for p, q in zip(fresh.parameters(), model.parameters(), strict=True):
+        assert_close(p.detach().cpu(), q.detach().cpu())
+
+
+def _resume(model, opt, path: str) -> None:
+    """get_state_dict, dcp.load, set_state_dict: what a training script does."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def _section_async_save(rank, world):
+    """dcp.async_save stages tpu tensors to the host at the call (one read per
+    storage): training on after it does not change what is written."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model, opt = _model_and_optimizer(seed=0, device="tpu")
+    model = DDP(model)
+    _train(model, opt, _BATCHES[:2], rank, world)
+    msd, osd = get_state_dict(model, opt)
+    path = os.path.join(ROOT, "async")
+    with _host_reads() as reads:
+        future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=path)
+        staged = reads[0]
+    _train(model, opt, _BATCHES[2:], rank, world)
+    future.result()
+    assert staged == 3 * len(msd), staged  # each parameter, exp_avg, exp_avg_sq once (step is a CPU tensor)
+    fresh, fresh_opt = _model_and_optimizer(seed=1, device="tpu")
+    fresh = DDP(fresh)
+    _resume(fresh, fresh_opt, path)
+    _assert_trained_as_cpu(fresh.module, fresh_opt, steps=2)
+
+
+def _section_reshard_tensors(rank, world):
+    """The 2-rank checkpoint loaded by 4 ranks, some DTensors in other
+    placements than they were saved in: DCP reshards them."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.tensor import distribute_tensor
+
+    mesh, values = _mesh(world), _saved_values()
+    placements = {"shard0": "Replicate()", "shard1": "Shard(1)", "repl": "Shard(0)", "f32": "Shard(0)"}
+    out = {k: torch.zeros_like(v, device="tpu") for k, v in values.items() if isinstance(v, torch.Tensor)}
+    for key, placement in placements.items():
+        out[key] = distribute_tensor(torch.zeros_like(values[key], device="tpu"), mesh, [_placement(placement)])
+    out.update(step=0, name="")
+    with _host_reads() as reads:
+        dcp.load(out, checkpoint_id=os.path.join(ROOT, "tensors"))
+    assert reads == [0], reads
+    _check_loaded(out, values, {k: [_placement(p)] for k, p in placements.items()}, rank, world)
+
+
+def _section_reshard_ddp(rank, world):
+    """The DDP checkpoint of 2 ranks resumed by 4 (each on a quarter of the batch)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model, opt = _model_and_optimizer(seed=1, device="tpu")
+    model = DDP(model)
+    _resume(model, opt, os.path.join(ROOT, "ddp"))
+    _train(model, opt, _BATCHES[2:], rank, world)
+    _assert_trained_as_cpu(model.module, opt, steps=4)
+
+
+ENV = {_DIR_VAR: ROOT}
+JOBS = {
+    "two": Job(ENV, [_section_tensors, _section_ddp, _section_async_save], world=2),
+    "four": Job(ENV, [_section_reshard_tensors, _section_reshard_ddp], world=4),
+}
+HARNESS = Harness(__file__, JOBS)
+
+if __name__ == "__main__":
+    HARNESS.main()
