@@ -132,7 +132,8 @@ def _warmup_loop(device: str, steps: int) -> tuple[list[int], dict]:
 def test_warmup_schedule_compiles_nothing_after_the_first_steps():
     compiled, params = _warmup_loop("tpu", 10)
     _, expected = _warmup_loop("cpu", 10)
-    assert compiled[3:] == [0] * 7, compiled
+    # the optimizer program of the numbers that change is compiled once more, then never (Note [Scalar specialization])
+    assert compiled[3] <= 1 and compiled[4:] == [0] * 6, compiled
     for name in expected:
         torch.testing.assert_close(params[name], expected[name], rtol=1e-4, atol=1e-5)
 
@@ -209,7 +210,8 @@ def test_logging_before_the_step_with_clipping_and_warmup_stays_steady(setup):
         after = lazytpu.metrics.snapshot()
         compiled.append(after["programs_compiled"] - before["programs_compiled"])
         executed.append(after["programs_executed"] - before["programs_executed"])
-    assert compiled[3:] == [0] * 5, compiled
+    # the optimizer program of the numbers that change is compiled once more, then never (Note [Scalar specialization])
+    assert compiled[3] <= 1 and compiled[4:] == [0] * 4, compiled
     assert executed[3:] == [2 if STEP_PROGRAMS == 1 else 3] * 5, executed
     assert losses[-1] < losses[0]
 
