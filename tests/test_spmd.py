@@ -67,7 +67,7 @@ def _section_mlp(rank, world):
     import copy
 
     import torch
-    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Replicate, Shard
     from torch.testing import assert_close
 
     from lazytpu import _config
@@ -99,24 +99,29 @@ def _section_mlp(rank, world):
     _check_sharded(model, opt)
     x = mesh.shard_batch(batches[0][0])
     assert placements(model(x).sum()) == (Replicate(),)  # computed by a program over the mesh
+    batches = [tuple(map(mesh.shard_batch, b)) for b in batches]
 
-    # each device holds a quarter of the parameters and of AdamW's two moments
-    state = 3 * sum(p.numel() * p.element_size() for p in ref.parameters())
-    params = state // 3
+    # each device holds a quarter of the parameters, of AdamW's two moments and of the gradients
+    params = sum(p.numel() * p.element_size() for p in ref.parameters())
+    held = [torch.tpu.memory_allocated(i) for i in range(DEVICES)]
+    step(model, batches[0]).backward()  # Note [Sharded gradients]
+    assert all(placements(p.grad) == (Shard(0),) for p in model.parameters())
+    with_grads = [torch.tpu.memory_allocated(i) for i in range(DEVICES)]
     for i in range(DEVICES):
-        assert params / DEVICES <= before[i] <= 1.05 * params / DEVICES, (i, before[i], params)
-        held = torch.tpu.memory_allocated(i)
-        assert state / DEVICES <= held <= 1.05 * state / DEVICES, (i, held, state)
+        for count, n in ((1, before[i]), (3, held[i]), (4, with_grads[i])):
+            assert count * params / DEVICES <= n <= 1.05 * count * params / DEVICES, (i, count, n, params)
 
 
 def _section_llama(rank, world):
     import copy
 
     import torch
+    from torch.distributed.tensor import Shard
     from torch.testing import assert_close
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from lazytpu.distributed import LocalMesh
+    from lazytpu.distributed.spmd import placements
 
     torch.manual_seed(0)
     config = LlamaConfig(
@@ -144,6 +149,8 @@ def _section_llama(rank, world):
         assert_close(p.cpu(), r.detach(), atol=1e-5, rtol=1e-5)
     assert counts[3:] == [(0, 3)] * 2, counts  # the step's three segments (Note [Step segments]), cached
     _check_sharded(model, opt)
+    step(model, mesh.shard_batch(batches[0])).backward()
+    assert all(placements(p.grad) == (Shard(0),) for p in model.parameters())  # Note [Sharded gradients]
 
 
 def _section_mixed(rank, world):

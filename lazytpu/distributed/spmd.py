@@ -28,13 +28,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jax
 import torch
 from jax.sharding import NamedSharding, PartitionSpec
 from torch.distributed.tensor import Replicate, Shard
 
 from lazytpu.distributed.process_group import bind_result, device_arrays
 from lazytpu.engine import context
-from lazytpu.ir import Failed, Output
+from lazytpu.frontend.tensor import LazyTensor
+from lazytpu.frontend.windows import read, write_value
+from lazytpu.ir import Failed, Node, Output
+from lazytpu.ir.template import Slot, Template
+from lazytpu.lowering.registry import lowering
 from lazytpu.runtime import executor
 
 __all__ = ["placements", "shard", "shard_module"]
@@ -91,7 +96,53 @@ def shard(tensor: torch.Tensor, mesh, placements: Sequence = (Shard(0),)) -> tor
     sharded = executor.shard_buffer(buffer, NamedSharding(mesh._mesh, spec), home.index or 0)
     with torch.no_grad():
         bind_result(tensor, sharded)
+    if tensor.is_leaf and tensor.requires_grad:
+        if getattr(tensor, "_lt_grad_spec", None) is None:
+            tensor.register_post_accumulate_grad_hook(_shard_grad)
+        tensor._lt_grad_spec = spec
     return tensor
+
+
+SHARD_AS = "lazytpu.shard_as"
+
+
+@lowering(SHARD_AS)
+def _shard_as(x, *, spec: PartitionSpec):
+    """``x`` laid out as ``spec`` over the mesh of the program; unchanged in a
+    program of one device (Note [SPMD programs] in lazytpu.runtime.executor)."""
+    if jax.sharding.get_abstract_mesh().empty:
+        return x
+    return jax.lax.with_sharding_constraint(x, spec)
+
+
+def _shard_grad(param: torch.Tensor) -> None:
+    """After a gradient is accumulated into ``param.grad``: lay it out as
+    ``param`` (Note [Sharded gradients])."""
+    grad = param.grad
+    if not isinstance(grad, LazyTensor):
+        return
+    if grad._lt_windowed:  # a view of a larger value (a bias's summed gradient): its own storage
+        with torch.no_grad():
+            grad = param.grad = grad.clone()
+    ctx = context(grad.device.index or 0)
+    with ctx.graph.lock:
+        value = read(grad)
+        node = Node(SHARD_AS, Template((Slot(0),), (("spec", param._lt_grad_spec),)), (value,), (value.aval,))
+        write_value(grad, Output(node, 0))
+        ctx.recorded(node)
+
+
+# Note [Sharded gradients]: XLA's partitioner chooses the sharding of each
+# value a program computes; for a gradient it often chooses replicated (an
+# all-reduce), or another dim than its parameter's. A program that writes the
+# gradients out (the backward's segment, Note [Step segments] in
+# lazytpu.engine) would then hold full gradients on every device, and the
+# optimizer's program would reshard them. So a sharded parameter's
+# gradient is recorded through a sharding constraint (``SHARD_AS``, lowered to
+# ``jax.lax.with_sharding_constraint``) to the parameter's own layout, each
+# time one is accumulated (``register_post_accumulate_grad_hook``): the
+# partitioner then reduce-scatters it, and each device holds ``1/N`` of the
+# gradients, as FSDP2's.
 
 
 def shard_module(module: torch.nn.Module, mesh, placements: Sequence | None = None) -> torch.nn.Module:

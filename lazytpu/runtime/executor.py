@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import threading
 import time
@@ -129,8 +130,11 @@ def _compile(key, fn, inputs, index: int, donate: tuple, on_compile, shardings: 
     persistent cache. With the ``shardings`` of its inputs, over their mesh,
     its outputs sharded as the compiler chooses (Note [SPMD programs])."""
     start = time.perf_counter()
-    sharding = SingleDeviceSharding(device(index)) if shardings is None else None
-    with warnings.catch_warnings():
+    if shardings is None:
+        sharding, mesh = SingleDeviceSharding(device(index)), contextlib.nullcontext()
+    else:  # traced under the mesh: rules may constrain shardings (Note [SPMD programs])
+        sharding, mesh = None, jax.set_mesh(next(s.mesh for s in shardings if type(s) is NamedSharding))
+    with warnings.catch_warnings(), mesh:
         # An input donated but not reusable by any output is simply freed: not news. Filtered
         # here, not globally, so that a caller's warning filters (pytest's, say) cannot undo it.
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
@@ -192,7 +196,11 @@ def execute(
 # outputs' shardings a fixed point of a step after its first: the next step
 # is a cache hit. With no sharded input the program runs on the device alone,
 # as before, a replicated input read from its copy on the device (no copy).
-# Each device of the mesh counts a buffer's shard on it (Note [Device memory]).
+# An SPMD program is traced under its mesh (``jax.set_mesh``), so a rule can
+# read it (``jax.sharding.get_abstract_mesh()``) and constrain a value's
+# sharding to a ``PartitionSpec``; in a program of one device the mesh is
+# empty. Each device of the mesh counts a buffer's shard on it (Note [Device
+# memory]).
 _SPMD_DEVICES: set[int] = set()  # the devices whose programs look at shardings
 
 
