@@ -62,7 +62,9 @@ class Scalar:
     Note [Scalar lifting]: a float or int that cannot decide a shape is passed
     to the compiled program as an argument, so a changing learning rate, loss
     scale or step offset (``x + i`` in a loop) reuses the same program. Its
-    kind (float/complex/int) is in the program key, its value is not. An int
+    kind (float/complex/int) is in the program key, its value is not, once
+    it has been seen to change: until then it is compiled in as a constant
+    (Note [Scalar specialization] in lazytpu.fusion.specialize). An int
     enters as a weak int64 and is cast to the op's dtype in the program,
     which wraps it as torch does (Note [Python integers wrap]); ints that
     pick an exact form (``x ** 2``, ``norm(p=2)``), ints past int64, bools
