@@ -2,7 +2,10 @@
 
 A collective rule is a function of one process's local array (at least 1-d)
 and keyword-only static attributes, written with ``jax.lax`` collectives over
-the mesh axis ``AXIS``; ``run`` wraps it in ``shard_map`` and ``jit`` (once
+``axis``: a mesh axis name or a tuple of them, the group's ranks in row-major
+order (``AXIS`` by default; an in-graph collective of a subgroup names the
+world mesh's axes its group spans, Note [Subgroups in the world mesh] in
+lazytpu.distributed.ingraph); ``run`` wraps it in ``shard_map`` and ``jit`` (once
 per rule, mesh and attributes), builds the global array from each process's
 local one and returns this process's local results. Knows nothing of torch.
 """
@@ -95,72 +98,72 @@ _BOOL_OP = {
 
 
 @rule("all_reduce")
-def all_reduce(x, *, op: str, size: int):
+def all_reduce(x, *, op: str, size: int, axis=AXIS):
     if x.dtype == jnp.bool_:
-        return all_reduce(x.astype(jnp.uint8), op=_BOOL_OP[op], size=size).astype(jnp.bool_)
+        return all_reduce(x.astype(jnp.uint8), op=_BOOL_OP[op], size=size, axis=axis).astype(jnp.bool_)
     if op in ("sum", "avg"):
-        out = lax.psum(x, AXIS)
+        out = lax.psum(x, axis)
         return _divide(out, size) if op == "avg" else out
     if op == "max":
-        return lax.pmax(x, AXIS)
+        return lax.pmax(x, axis)
     if op == "min":
-        return lax.pmin(x, AXIS)
-    return _reduce_stacked(lax.all_gather(x, AXIS), op)
+        return lax.pmin(x, axis)
+    return _reduce_stacked(lax.all_gather(x, axis), op)
 
 
 @rule("broadcast")
-def broadcast(x, *, root: int):
+def broadcast(x, *, root: int, axis=AXIS):
     bits = _to_bits(x)
-    mine = lax.axis_index(AXIS) == root
-    return _from_bits(lax.psum(jnp.where(mine, bits, jnp.zeros_like(bits)), AXIS), x.dtype)
+    mine = lax.axis_index(axis) == root
+    return _from_bits(lax.psum(jnp.where(mine, bits, jnp.zeros_like(bits)), axis), x.dtype)
 
 
 @rule("all_gather")
-def all_gather(x, *, out_shape: tuple[int, ...]):
+def all_gather(x, *, out_shape: tuple[int, ...], axis=AXIS):
     """Every rank's ``x`` concatenated along axis 0, shaped ``out_shape``."""
-    return lax.all_gather(x, AXIS, axis=0, tiled=True).reshape(out_shape)
+    return lax.all_gather(x, axis, axis=0, tiled=True).reshape(out_shape)
 
 
 @rule("all_gather_list")
-def all_gather_list(x, *, size: int):
+def all_gather_list(x, *, size: int, axis=AXIS):
     """Every rank's ``x``, one output per rank."""
-    gathered = lax.all_gather(x, AXIS)
+    gathered = lax.all_gather(x, axis)
     return tuple(gathered[i] for i in range(size))
 
 
 @rule("reduce_scatter")
-def reduce_scatter(x, *, op: str, size: int):
+def reduce_scatter(x, *, op: str, size: int, axis=AXIS):
     """Reduce ``x`` (rank i's share is its i-th block along axis 0) and keep our block."""
     if x.dtype == jnp.bool_:
-        return reduce_scatter(x.astype(jnp.uint8), op=_BOOL_OP[op], size=size).astype(jnp.bool_)
+        return reduce_scatter(x.astype(jnp.uint8), op=_BOOL_OP[op], size=size, axis=axis).astype(jnp.bool_)
     if op in ("sum", "avg"):
-        out = lax.psum_scatter(x, AXIS, scatter_dimension=0, tiled=True)
+        out = lax.psum_scatter(x, axis, scatter_dimension=0, tiled=True)
         return _divide(out, size) if op == "avg" else out
-    blocks = lax.all_to_all(x, AXIS, 0, 0, tiled=True)
+    blocks = lax.all_to_all(x, axis, 0, 0, tiled=True)
     return _reduce_stacked(blocks.reshape(size, x.shape[0] // size, *x.shape[1:]), op)
 
 
 @rule("all_to_all")
-def all_to_all(x):
+def all_to_all(x, *, axis=AXIS):
     """Block i of our ``x`` (axis 0) goes to rank i; block j of the result came from rank j."""
-    return lax.all_to_all(x, AXIS, 0, 0, tiled=True)
+    return lax.all_to_all(x, axis, 0, 0, tiled=True)
 
 
 @rule("scatter")
-def scatter(x, *, root: int):
+def scatter(x, *, root: int, axis=AXIS):
     """Rank ``root``'s block i (axis 0) goes to rank i; other ranks' ``x`` is ignored."""
     bits = _to_bits(x)
     if jnp.issubdtype(x.dtype, jnp.complexfloating):  # bits are (2, ...): scatter along axis 1
-        mine = jnp.where(lax.axis_index(AXIS) == root, bits, jnp.zeros_like(bits))
-        return _from_bits(lax.psum_scatter(mine, AXIS, scatter_dimension=1, tiled=True), x.dtype)
-    mine = jnp.where(lax.axis_index(AXIS) == root, bits, jnp.zeros_like(bits))
-    return _from_bits(lax.psum_scatter(mine, AXIS, scatter_dimension=0, tiled=True), x.dtype)
+        mine = jnp.where(lax.axis_index(axis) == root, bits, jnp.zeros_like(bits))
+        return _from_bits(lax.psum_scatter(mine, axis, scatter_dimension=1, tiled=True), x.dtype)
+    mine = jnp.where(lax.axis_index(axis) == root, bits, jnp.zeros_like(bits))
+    return _from_bits(lax.psum_scatter(mine, axis, scatter_dimension=0, tiled=True), x.dtype)
 
 
 @rule("permute")
-def permute(x, *, pairs: tuple[tuple[int, int], ...]):
+def permute(x, *, pairs: tuple[tuple[int, int], ...], axis=AXIS):
     """Send ``x`` from mesh position ``a`` to ``b`` for each ``(a, b)``; others receive zeros."""
-    return lax.ppermute(x, AXIS, perm=pairs)
+    return lax.ppermute(x, axis, perm=pairs)
 
 
 # -- driver ---------------------------------------------------------------------------

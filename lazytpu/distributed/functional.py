@@ -150,3 +150,20 @@ def broadcast_(func, args, kwargs):
 @handles(fn.wait_tensor.default)
 def wait_tensor(func, args, kwargs):
     return args[0]
+
+
+@handles(torch.ops._dtensor.shard_dim_alltoall.default)
+def shard_dim_alltoall(func, args, kwargs):
+    """DTensor's Shard(a) -> Shard(b) on one mesh dimension: every rank's
+    ``t`` concatenated along ``gather_dim``, then this rank's chunk along
+    ``shard_dim`` (as torch's fake kernel: chunks of ``size // n``), as one
+    all-to-all of the chunks."""
+    t, gather_dim, shard_dim, group = args
+    pg = _group(group)
+    n = pg.size()
+    gather_dim, shard_dim = gather_dim % t.dim(), shard_dim % t.dim()
+    chunk = t.shape[shard_dim] // n
+    blocks = t.narrow(shard_dim, 0, chunk * n).unflatten(shard_dim, (n, chunk)).movedim(shard_dim, 0).contiguous()
+    out = torch.empty_like(blocks)
+    pg.all_to_all_single(out, blocks, [], [], c10d.AllToAllOptions())
+    return torch.cat(out.unbind(0), dim=gather_dim)

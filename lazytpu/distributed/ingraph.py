@@ -21,20 +21,37 @@ others. Ranks that reach different sync points (rank 0 reads ``loss.item()``
 in the middle of a step, the others do not) run differently cut programs
 holding the same collectives in the same order: that works on XLA:CPU with
 gloo (tested), but on TPU keep sync points identical on every rank.
+
+Note [Subgroups in the world mesh]: a collective of a ``DeviceMesh``
+dimension's group (a row or a column of a 2-D mesh) is in-graph too. Every
+rank runs the program, each over its own group, which SPMD expresses by
+cutting the world into a mesh of several axes: a group of ranks
+``base + stride * i`` (``i < size``) spans the axes between strides
+``stride`` and ``stride * size`` of a row-major mesh cut there
+(``jax_runtime.world_mesh``), and its collective is the ``jax.lax``
+collective over those axes (``jax_runtime.group_axes``; the axes are read
+from the mesh the program is traced under). A program holding collectives of
+several groups (FSDP's over ``dp``, TP's over ``tp``) runs over the mesh cut
+at all their strides; a group whose cuts cannot join the pending program's
+(one cut not dividing the next) first flushes it. Only ``DeviceMesh`` groups
+qualify (torch names them ``mesh_<dim>``): a subgroup made by ``new_group``
+may be used by its members alone, while a world program needs every rank, so
+it runs each collective as a program of its own, as does a group whose ranks
+are not evenly strided (``jax_runtime.line``).
 """
 
 from __future__ import annotations
 
-import functools
 import time
 import warnings
 
+import attrs
 import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from lazytpu import _caches, metrics
-from lazytpu.distributed import collectives
+from lazytpu import metrics
+from lazytpu.distributed import collectives, jax_runtime
 from lazytpu.engine import context
 from lazytpu.frontend.tensor import LazyTensor
 from lazytpu.frontend.windows import read, write_value
@@ -47,32 +64,75 @@ COLLECTIVE = "lazytpu.collective"
 
 
 @lowering(COLLECTIVE)
-def _collective(x, *, name: str, shapes: tuple, flatten: bool = False, **static):
+def _collective(x, *, name: str, shapes: tuple, group: tuple, after=None, flatten: bool = False, **static):
     """The rule of an in-graph collective: ``collectives`` rule ``name`` on
-    ``x`` (at least 1-d, flattened when asked), results shaped ``shapes``."""
+    ``x`` (at least 1-d, flattened when asked) over the world mesh's axes of
+    ``group`` (Note [Subgroups in the world mesh]), results shaped ``shapes``;
+    not before ``after``, the program's previous collective's result (Note
+    [Collective order])."""
+    if after is not None and after.size:
+        x = _after(x, after)
     if flatten or x.ndim == 0:
         x = x.reshape(-1)
-    out = collectives.RULES[name](x, **static)
+    mesh = jax.sharding.get_abstract_mesh()
+    axis = jax_runtime.group_axes(mesh.axis_names, mesh.axis_sizes, group)
+    out = collectives.RULES[name](x, axis=axis, **static)
     outs = out if isinstance(out, tuple) else (out,)
     return tuple(o.reshape(s) for o, s in zip(outs, shapes))
 
 
-def record(name: str, mesh, source: LazyTensor, outputs: list[LazyTensor], **static) -> None:
-    """Record collective ``name`` of ``source`` over ``mesh``; its results become
-    the values of ``outputs`` (an in-place write, seen by their views).
+# Note [Collective order]: the ranks of a job run the same collectives in the
+# same order, but not always the same program: an uneven shard makes one
+# rank's local shapes differ from another's (DTensor pads only what it sends),
+# and XLA schedules two independent collectives of a program either way,
+# differently in differently shaped programs. Collectives match by order
+# (gloo on CPU: a mismatch is "Received data size doesn't match expected
+# size"), so each in-graph collective's input depends on the result of the
+# one recorded before it in the same program: the program runs them in record
+# order, on every rank alike. The dependency must be one XLA cannot fold away
+# (it drops an ``optimization_barrier`` on CPU, and folds a select between
+# equal branches): ``_after`` selects ``x`` unless the first element's bits
+# OR 1 are zero, which they never are; the select fuses into ``x``'s producer.
 
-    The device's next flush runs over ``mesh`` (Note [In-graph collectives]).
+
+def _after(x, after):
+    """``x``, computed after ``after`` (Note [Collective order])."""
+    bits = collectives._to_bits(after.reshape(-1)[:1]).reshape(-1)[0]
+    never = (bits | 1) == 0
+    return jax.numpy.where(never, jax.numpy.zeros_like(x), x)
+
+
+def record(name: str, group: tuple[int, int], source: LazyTensor, outputs: list[LazyTensor], **static) -> None:
+    """Record collective ``name`` of ``source`` over ``group`` (``(stride, size)``
+    in the world's ranks, Note [Subgroups in the world mesh]); its results
+    become the values of ``outputs`` (an in-place write, seen by their views).
+
+    The device's next flush runs over the world (Note [In-graph collectives]).
     """
     index = source.device.index or 0
     ctx = context(index)
+    pending = ctx.collective_runner
+    if not isinstance(pending, WorldRunner):
+        pending = None
+    cuts = jax_runtime.merge_cuts(pending.cuts if pending else (), group)
+    if cuts is None:  # no one mesh holds both: the pending program runs first
+        ctx.flush("collective")
+        pending, cuts = None, jax_runtime.merge_cuts((), group)
     with ctx.graph.lock:
-        value = read(source)
-        kwargs = (("name", name), ("shapes", tuple(tuple(o.shape) for o in outputs)), *sorted(static.items()))
+        values = (read(source),) if pending is None else (read(source), pending.last)
+        kwargs = [
+            ("name", name),
+            ("shapes", tuple(tuple(o.shape) for o in outputs)),
+            ("group", group),
+            *static.items(),
+        ]
+        if pending is not None:
+            kwargs.append(("after", Slot(1)))
         avals = tuple(Aval(tuple(o.shape), o.dtype) for o in outputs)
-        node = Node(COLLECTIVE, Template((Slot(0),), kwargs), (value,), avals)
+        node = Node(COLLECTIVE, Template((Slot(0),), tuple(sorted(kwargs))), values, avals)
         # Before anything can flush (strict mode, the graph cap, a view's write):
-        # the program holding the node must run over the mesh.
-        ctx.collective_runner = _runner(mesh)
+        # the program holding the node must run over the world's mesh.
+        ctx.collective_runner = WorldRunner(jax_runtime.world_mesh(cuts, index), cuts, Output(node, 0))
         for i, out in enumerate(outputs):
             write_value(out, Output(node, i))
         ctx.recorded(node)
@@ -81,12 +141,18 @@ def record(name: str, mesh, source: LazyTensor, outputs: list[LazyTensor], **sta
 # -- running programs over a mesh ---------------------------------------------------------
 
 
-@functools.cache
-def _runner(mesh):
-    return functools.partial(execute, mesh=mesh)
+@attrs.frozen(slots=True)
+class WorldRunner:
+    """The runner of a pending program holding in-graph collectives: it runs
+    over ``mesh`` (the world cut at ``cuts``); ``last`` is the result of the
+    program's last collective (Note [Collective order])."""
 
+    mesh: jax.sharding.Mesh
+    cuts: tuple[int, ...]
+    last: Output
 
-_caches.register("distributed_ingraph_runners", _runner.cache_clear)
+    def __call__(self, key, make_fn, inputs: list, **kwargs):
+        return execute(key, make_fn, inputs, mesh=self.mesh, **kwargs)
 
 
 def _compile(fn, args, mesh, donate: tuple, on_compile):
@@ -103,7 +169,9 @@ def _compile(fn, args, mesh, donate: tuple, on_compile):
     return compiled
 
 
-def execute(key, make_fn, inputs: list, *, mesh, index: int = 0, blocking: bool = False, donate=(), on_compile=None):
+def execute(
+    key, make_fn, inputs: list, *, mesh, cuts=(), index: int = 0, blocking: bool = False, donate=(), on_compile=None
+):
     """``runtime.execute`` for a program holding collectives: the same
     contract (this process's input buffers in, its output buffers out), run
     as one SPMD program over ``mesh``."""

@@ -224,9 +224,67 @@ def mesh(ranks: tuple[int, ...], index: int) -> jax.sharding.Mesh:
     return jax.sharding.Mesh(np.array(devices), (AXIS,))
 
 
+# -- the world as a mesh of several axes (Note [Subgroups in the world mesh] in ingraph) --------
+
+CUT_AXIS = "stride"  # an axis of a world mesh is named by its stride: "stride1", "stride2", ...
+
+
+def line(ranks: tuple[int, ...], world: int) -> tuple[int, int] | None:
+    """``(stride, size)`` when ``ranks`` (global ranks, in group-rank order)
+    are ``base + stride * i`` for ``i < size``, and the groups of that stride
+    and size tile the world (``stride * size`` divides it, ``base`` is the
+    first of its block); else ``None``. Groups of one rank are ``None``."""
+    size = len(ranks)
+    if size < 2:
+        return None
+    stride = ranks[1] - ranks[0]
+    if stride <= 0 or world % (stride * size) or ranks[0] % (stride * size) >= stride:
+        return None
+    if any(r != ranks[0] + stride * i for i, r in enumerate(ranks)):
+        return None
+    return stride, size
+
+
+def merge_cuts(cuts: tuple[int, ...], group: tuple[int, int]) -> tuple[int, ...] | None:
+    """The cuts of a world mesh holding both ``cuts`` and the axes of ``group``
+    (``(stride, size)``), or ``None`` when no mesh does: every cut must divide
+    the next."""
+    merged = tuple(sorted({*cuts, group[0], group[0] * group[1]}))
+    if any(b % a for a, b in zip(merged, merged[1:])):
+        return None
+    return merged
+
+
+@functools.cache
+def world_mesh(cuts: tuple[int, ...], index: int) -> jax.sharding.Mesh:
+    """Device ``index`` of every process as a row-major mesh cut at ``cuts``
+    (``1 = c0 < c1 < ... < cm = world``): axis ``stride{c}`` has stride ``c``
+    and size ``c_next / c``, outermost first. A world of one: one axis of one."""
+    world = cuts[-1]
+    if world == 1:
+        return jax.sharding.Mesh(np.array([platform.device(index)]), (f"{CUT_AXIS}1",))
+    devices = np.array([_devices_of_process(r)[index] for r in range(world)], dtype=object)
+    inner = cuts[:-1][::-1]
+    shape = tuple(b // a for a, b in zip(cuts, cuts[1:]))[::-1]
+    return jax.sharding.Mesh(devices.reshape(shape), tuple(f"{CUT_AXIS}{c}" for c in inner))
+
+
+def group_axes(axis_names, axis_sizes, group: tuple[int, int]) -> tuple[str, ...]:
+    """The axes of a world mesh (Note [Subgroups in the world mesh]) that
+    ``group`` (``(stride, size)``) spans, outermost first: its ranks in order."""
+    stride, size = group
+    axes = []
+    for name, n in zip(axis_names, axis_sizes):
+        c = int(name.removeprefix(CUT_AXIS))
+        if stride <= c and c * n <= stride * size:
+            axes.append(name)
+    return tuple(axes)
+
+
 def _clear() -> None:
     _devices_of_process.cache_clear()
     mesh.cache_clear()
+    world_mesh.cache_clear()
 
 
 _caches.register("distributed_meshes", _clear)

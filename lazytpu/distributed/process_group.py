@@ -117,7 +117,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         super().__init__(rank, size)
         self._rank, self._size, self._ranks = rank, size, ranks
         self._timeout = timeout
-        self._world: bool | None = None  # whether the group is every process (known at first use)
+        self._world: tuple | None = None  # in-graph (stride, size), () when not (known at first use)
         self._group_name = self._group_desc = ""
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("lazytpu_gloo/", store), rank, size, timeout)
 
@@ -163,18 +163,29 @@ class ProcessGroupTPU(dist.ProcessGroup):
         index = _device_index(inputs)
         return collectives.run(name, jax_runtime.mesh(self._ranks, index), device_arrays(inputs), **static)
 
-    def _whole_world(self) -> bool:
+    def _in_graph(self) -> tuple[int, int] | None:
+        """``(stride, size)`` of this group in the world's ranks when its
+        collectives are recorded into the pending program: the whole world,
+        or a ``DeviceMesh`` dimension's evenly strided group (Note [Subgroups
+        in the world mesh] in lazytpu.distributed.ingraph); else ``None``."""
         if self._world is None:
-            self._world = self._ranks == tuple(range(jax.process_count()))
-        return self._world
+            world = jax.process_count()
+            if self._ranks == tuple(range(world)):
+                self._world = (1, world)
+            elif self._group_desc.startswith("mesh_"):
+                self._world = jax_runtime.line(self._ranks, world) or ()
+            else:
+                self._world = ()
+        return self._world or None
 
     def _apply(self, name: str, source, outputs, **static) -> None:
         """Collective ``name`` of ``source``, its results written to ``outputs``:
-        recorded into the pending program when the group is the whole world
-        (Note [In-graph collectives]), else run now as a program of its own."""
+        recorded into the pending program when the group allows it (Note
+        [In-graph collectives]), else run now as a program of its own."""
         index = _device_index([source, *outputs])
-        if self._whole_world() and not any(_complex_view(t) for t in (source, *outputs)):
-            ingraph.record(name, jax_runtime.mesh(self._ranks, index), source, list(outputs), **static)
+        group = self._in_graph()
+        if group is not None and not any(_complex_view(t) for t in (source, *outputs)):
+            ingraph.record(name, group, source, list(outputs), **static)
             return
         flatten = static.pop("flatten", False)
         (array,) = device_arrays([source])

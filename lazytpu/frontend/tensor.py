@@ -216,6 +216,15 @@ def _copied_storage(storage: Storage) -> Storage:
         return Storage(storage.value, storage.graph, storage.stride)
 
 
+def _unwraps_itself(t: type) -> bool:
+    """A tensor subclass met in an op that handles the op by unwrapping
+    itself (torch.distributed's ``AsyncCollectiveTensor``, ``DTensor``, a
+    user's wrapper): ``__torch_dispatch__`` returns ``NotImplemented`` to let
+    it, as torch's protocol asks. Tracing modes' tensors (``FakeTensor``) are
+    not such; recording them raises a clear error instead."""
+    return not issubclass(t, LazyTensor) and not t.__module__.startswith("torch._subclasses")
+
+
 def _plain(tree):
     """``tree`` with each tensor of a subclass of ``LazyTensor`` replaced by a
     ``LazyTensor`` on its storage (the routes take exactly ``LazyTensor``)."""
@@ -291,6 +300,8 @@ class LazyTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if len(types) > 1 and any(_unwraps_itself(t) for t in types):
+            return NotImplemented  # its own __torch_dispatch__ unwraps it, then calls us again
         if cls is not LazyTensor:  # an uninitialized parameter on tpu (Note [Lazy modules on tpu] in module_conversion)
             args, kwargs = _plain((args, kwargs or {}))
         try:
