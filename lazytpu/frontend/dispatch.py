@@ -9,7 +9,9 @@ Note [Resolution order]: the route of an op, tried in this order:
 5. an in-place or ``out=`` form of an op that resolves: run the functional
    op, then write the result into the target (``routes.inplace``);
 6. torch's decomposition table, then CompositeImplicit decomposition, then
-   a ``torch.library.custom_op``'s Python body;
+   a ``torch.library.custom_op``'s Python body, or a Python kernel registered
+   for the device (``torch.library.impl(op, "PrivateUse1")``, as FSDP2's
+   ``fsdp.*`` ops have), which torch never calls for a tensor subclass;
 7. CPU fallback (counted, warned once per op), or NotImplementedError when
    ``LAZYTPU_CPU_FALLBACK=0``.
 
@@ -204,14 +206,23 @@ class _Decomposing(threading.local):
 _DECOMPOSING = _Decomposing()
 
 
+_DEVICE_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
+
+
 @functools.cache
 def _custom_op_body(func):
-    """A ``torch.library.custom_op``'s Python body (step 6): torch ops on
+    """A ``torch.library.custom_op``'s Python body, or the op's Python kernel
+    for the device, run by redispatching to it (step 6): torch ops on
     tensors, so it runs on ``tpu`` tensors as user code does."""
     if func.namespace == "aten":
         return None
     opdef = torch._library.custom_ops._maybe_get_opdef(func)
-    return None if opdef is None else opdef._init_fn
+    if opdef is not None:
+        return opdef._init_fn
+    name = func._opname if func._overloadname == "default" else f"{func._opname}.{func._overloadname}"
+    if f"{func.namespace}/{name}/PrivateUse1" in torch.library._impls:
+        return functools.partial(func.redispatch, _DEVICE_KEYS)
+    return None
 
 
 @functools.cache
