@@ -51,14 +51,19 @@ def test_load_two_rank_tensors_with_four_ranks():
     assert_section("four", "reshard_tensors")
 
 
-def test_ddp_checkpoint_of_two_ranks_resumes_with_four():
-    assert_section("two", "ddp")
-    assert_section("four", "reshard_ddp")
+def test_fsdp2_model_and_adamw_resume_with_two_ranks():
+    assert_section("two", "fsdp")
+
+
+def test_fsdp2_checkpoint_of_two_ranks_resumes_with_four():
+    assert_section("two", "fsdp")
+    assert_section("four", "reshard_fsdp")
 
 
 def test_load_two_rank_checkpoints_in_one_process():
     """``dcp.load`` with no process group: the DTensors saved by two ranks load
-    whole into plain tpu tensors, and a plain model resumes the DDP training."""
+    whole into plain tpu tensors, and a plain model resumes the DDP and the
+    FSDP2 training (AdamW state included) as CPU training."""
     import warnings
 
     import torch.distributed as dist
@@ -67,6 +72,7 @@ def test_load_two_rank_checkpoints_in_one_process():
 
     assert_section("two", "tensors")
     assert_section("two", "ddp")
+    assert_section("two", "fsdp")
     assert not dist.is_initialized()
     expected = _saved_values()
     out = {k: torch.zeros_like(v, device="tpu") for k, v in expected.items() if isinstance(v, torch.Tensor)}
@@ -82,13 +88,14 @@ def test_load_two_rank_checkpoints_in_one_process():
                 assert_close(out[key].cpu(), value, msg=key)
             else:
                 assert out[key] == value, key
-        model, opt = _model_and_optimizer(seed=1, device="tpu")
-        msd, osd = get_state_dict(model, opt)
-        state = {"model": msd, "optim": osd}
-        dcp.load(state, checkpoint_id=os.path.join(ROOT, "ddp"))
-    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    _train(model, opt, _BATCHES[2:], rank=0, world=1)
-    _assert_trained_as_cpu(model, opt, steps=len(_BATCHES))
+        for saved in ("ddp", "fsdp"):  # replicated, and sharded over 2 ranks
+            model, opt = _model_and_optimizer(seed=1, device="tpu")
+            msd, osd = get_state_dict(model, opt)
+            state = {"model": msd, "optim": osd}
+            dcp.load(state, checkpoint_id=os.path.join(ROOT, saved))
+            set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+            _train(model, opt, _BATCHES[2:], rank=0, world=1)
+            _assert_trained_as_cpu(model, opt, steps=len(_BATCHES))
 
 
 # -- the ranks' shared pieces -----------------------------------------------------------------
@@ -163,8 +170,33 @@ _BATCHES = _batches()
 
 def _model_and_optimizer(seed: int, device: str):
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 4)).to(device)
+    model = nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 4)).to(device)
     return model, torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
+
+
+def _fsdp_model_and_optimizer(seed: int):
+    """The model under FSDP2 (each Linear, then the root), its AdamW over the sharded parameters."""
+    from torch.distributed.fsdp import fully_shard
+
+    model, _ = _model_and_optimizer(seed, device="tpu")
+    for layer in (model[0], model[2]):
+        fully_shard(layer)
+    fully_shard(model)
+    return model, torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
+
+
+def _assert_holds(t: torch.Tensor, expected: torch.Tensor, **tolerance) -> None:
+    """``t`` is on tpu and holds ``expected``; a DTensor holds its chunk of it
+    on this rank (compared locally: its local tensor on tpu, no collective)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):
+        (placement,) = t.placements
+        mesh = t.device_mesh
+        expected = _local_chunk(expected, placement, mesh.get_local_rank(), mesh.size())
+        t = t.to_local()
+    assert t.device == torch.device("tpu", 0), t.device
+    assert_close(t.detach().cpu(), expected, **tolerance)
 
 
 def _train(model, opt, batches, rank: int, world: int) -> None:
@@ -186,13 +218,11 @@ def _assert_trained_as_cpu(model, opt, steps: int) -> None:
     ref, ref_opt = _model_and_optimizer(seed=0, device="cpu")
     _train(ref, ref_opt, _BATCHES[:steps], rank=0, world=1)
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
-        assert p.device.type == "tpu"
-        assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5)
+        _assert_holds(p, q.detach(), rtol=1e-4, atol=1e-5)
         state, ref_state = opt.state[p], ref_opt.state[q]
         assert_close(state["step"], ref_state["step"])
         for key in ("exp_avg", "exp_avg_sq"):
-            assert state[key].device.type == "tpu", key
-            assert_close(state[key].cpu(), ref_state[key], rtol=1e-4, atol=1e-6)
+            _assert_holds(state[key], ref_state[key], rtol=1e-4, atol=1e-6, msg=key)
 
 
 # -- workers (the rank side) -------------------------------------------------------------------
@@ -218,10 +248,7 @@ def _section_tensors(rank, world):
     lazytpu.metrics.reset()
     with _host_reads() as reads:
         dcp.save(state, checkpoint_id=path)
-    metadata = dcp.FileSystemReader(path).read_metadata()
-    mine = [i for i, info in metadata.storage_data.items() if info.relative_path.startswith(f"__{rank}_")]
-    tensors = [i for i in mine if i.fqn not in ("step", "name")]
-    assert tensors and reads == [len(tensors)], (reads, mine)
+    _assert_one_read_per_item(path, rank, reads)
     snap = lazytpu.metrics.snapshot()
     assert not snap["cpu_fallbacks"] and snap["programs_executed"] <= 1, snap
 
@@ -234,10 +261,21 @@ def _section_tensors(rank, world):
         dcp.load(out, checkpoint_id=path)
     snap = lazytpu.metrics.snapshot()
     assert reads == [0] and not snap["cpu_fallbacks"] and snap["programs_executed"] == 0, (reads, snap)
-    _check_loaded(out, values, {k: [_placement(p)] for k, p in _PLACEMENTS.items()}, rank, world)
+    _check_loaded(out, values, {k: [_placement(p)] for k, p in _PLACEMENTS.items()})
 
 
-def _check_loaded(out: dict, values: dict, placements: dict, rank: int, world: int) -> None:
+def _assert_one_read_per_item(path: str, rank: int, reads: list) -> None:
+    """This rank's save read each tensor it wrote (DCP's metadata says which) once from the device."""
+    import torch.distributed.checkpoint as dcp
+
+    metadata = dcp.FileSystemReader(path).read_metadata()
+    written = [i for i, info in metadata.storage_data.items() if info.relative_path.startswith(f"__{rank}_")]
+    on_tpu = [i for i in written if isinstance(metadata.state_dict_metadata[i.fqn], dcp.metadata.TensorStorageMetadata)]
+    on_tpu = [i for i in on_tpu if not i.fqn.endswith(".step")]  # AdamW's step counts are CPU tensors
+    assert on_tpu and reads == [len(on_tpu)], (reads, written)
+
+
+def _check_loaded(out: dict, values: dict, placements: dict) -> None:
     from torch.distributed.tensor import DTensor
 
     for key, value in values.items():
@@ -247,13 +285,7 @@ def _check_loaded(out: dict, values: dict, placements: dict, rank: int, world: i
             continue
         if key in placements:
             assert isinstance(got, DTensor) and tuple(got.placements) == tuple(placements[key]), (key, got)
-            local = got.to_local()
-            assert local.device == torch.device("tpu", 0), key
-            expected_local = _local_chunk(value, placements[key][0], rank, world)
-            assert_close(local.cpu(), expected_local, msg=key)
-            got = got.full_tensor()
-        assert got.device == torch.device("tpu", 0), key
-        assert_close(got.cpu(), value, msg=key)
+        _assert_holds(got, value, msg=key)
 
 
 def _local_chunk(value: torch.Tensor, placement, rank: int, world: int) -> torch.Tensor:
@@ -338,24 +370,70 @@ def _section_reshard_tensors(rank, world):
     with _host_reads() as reads:
         dcp.load(out, checkpoint_id=os.path.join(ROOT, "tensors"))
     assert reads == [0], reads
-    _check_loaded(out, values, {k: [_placement(p)] for k, p in placements.items()}, rank, world)
+    _check_loaded(out, values, {k: [_placement(p)] for k, p in placements.items()})
 
 
-def _section_reshard_ddp(rank, world):
-    """The DDP checkpoint of 2 ranks resumed by 4 (each on a quarter of the batch)."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
+def _section_fsdp(rank, world):
+    """FSDP2 + AdamW: 2 steps, get_state_dict (DTensors, Shard(0)), dcp.save
+    (one host read per shard written); a fresh FSDP2 model and optimizer load
+    it and train 2 more steps: as CPU training and the uninterrupted run. A
+    full state dict (gathered on tpu), and set from rank 0 by broadcast, too."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_state_dict,
+        set_model_state_dict,
+    )
 
-    model, opt = _model_and_optimizer(seed=1, device="tpu")
-    model = DDP(model)
-    _resume(model, opt, os.path.join(ROOT, "ddp"))
+    model, opt = _fsdp_model_and_optimizer(seed=0)
+    _train(model, opt, _BATCHES[:2], rank, world)
+    msd, osd = get_state_dict(model, opt)
+    path = os.path.join(ROOT, "fsdp")
+    with _host_reads() as reads:
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+    _assert_one_read_per_item(path, rank, reads)
+
+    # Every rank gathers the full tensors and reads them. (With cpu_offload=True only rank 0 keeps
+    # them, and the job hangs: the other ranks never run the all-gathers whose results they drop.)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    ref, _ = _model_and_optimizer(seed=0, device="cpu")
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.05, weight_decay=0.1)
+    _train(ref, ref_opt, _BATCHES[:2], rank=0, world=1)
+    assert set(full) == set(ref.state_dict()), sorted(full)
+    for key, value in full.items():
+        _assert_holds(value, ref.state_dict()[key], rtol=1e-4, atol=1e-5, msg=key)
+    broadcast, _ = _fsdp_model_and_optimizer(seed=1)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(broadcast, full, options=options)
+    for p, q in zip(broadcast.parameters(), ref.parameters(), strict=True):
+        _assert_holds(p, q.detach(), rtol=1e-4, atol=1e-5)
+
     _train(model, opt, _BATCHES[2:], rank, world)
-    _assert_trained_as_cpu(model.module, opt, steps=4)
+    fresh, fresh_opt = _fsdp_model_and_optimizer(seed=1)
+    _resume(fresh, fresh_opt, path)
+    _assert_trained_as_cpu(fresh, fresh_opt, steps=2)
+    _train(fresh, fresh_opt, _BATCHES[2:], rank, world)
+    _assert_trained_as_cpu(fresh, fresh_opt, steps=4)
+    for p, q in zip(fresh.parameters(), model.parameters(), strict=True):
+        assert tuple(p.placements) == tuple(q.placements)
+        assert_close(p.to_local().cpu(), q.to_local().cpu())
+
+
+def _section_reshard_fsdp(rank, world):
+    """The FSDP2 checkpoint of 2 ranks resumed by 4 (shards of other sizes,
+    uneven ones among them): as CPU training."""
+    model, opt = _fsdp_model_and_optimizer(seed=1)
+    _resume(model, opt, os.path.join(ROOT, "fsdp"))
+    _assert_trained_as_cpu(model, opt, steps=2)
+    _train(model, opt, _BATCHES[2:], rank, world)
+    _assert_trained_as_cpu(model, opt, steps=4)
 
 
 ENV = {_DIR_VAR: ROOT}
 JOBS = {
-    "two": Job(ENV, [_section_tensors, _section_ddp, _section_async_save], world=2),
-    "four": Job(ENV, [_section_reshard_tensors, _section_reshard_ddp], world=4),
+    "two": Job(ENV, [_section_tensors, _section_ddp, _section_async_save, _section_fsdp], world=2),
+    "four": Job(ENV, [_section_reshard_tensors, _section_reshard_fsdp], world=4),
 }
 HARNESS = Harness(__file__, JOBS)
 
