@@ -233,3 +233,16 @@ def test_torch_accelerator_streams_and_synchronize_are_torch_tpus():
         torch.accelerator.set_stream(torch.tpu.default_stream())
     assert torch.accelerator.current_stream().stream_id == 0
     del y
+
+
+def test_record_stream_records_nothing():
+    """One queue (Note [One queue]): a buffer outlives the programs reading it anyway."""
+    t = torch.arange(4.0).to("tpu")
+    side = torch.tpu.Stream()
+    with torch.tpu.stream(side):
+        y = t * 2
+    t.record_stream(side)
+    del t
+    torch.testing.assert_close(y.cpu(), torch.arange(4.0) * 2)
+    with pytest.raises(TypeError, match="tpu stream"):
+        y.record_stream(torch.Stream("cpu"))

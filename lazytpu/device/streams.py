@@ -58,6 +58,7 @@ import torch
 
 from lazytpu import engine
 from lazytpu.device.memory import device_index
+from lazytpu.frontend.record import handles
 from lazytpu.ir import Data
 
 _TPU = int(torch._C._autograd.DeviceType.PrivateUse1)  # the device type code of tpu streams
@@ -116,6 +117,13 @@ class Stream(torch.Stream):
 
     def __repr__(self) -> str:
         return f"torch.tpu.Stream(device=tpu:{self.device_index} stream_id={self.stream_id})"
+
+
+@handles(torch.ops.aten.record_stream.default)
+def record_stream(func, args, kwargs) -> None:
+    """``t.record_stream(s)``: a buffer stays alive while a program that reads
+    it runs, and there is one queue (Note [One queue]): nothing to record."""
+    _check_tpu(args[1])
 
 
 def _check_tpu(stream) -> None:

@@ -18,7 +18,6 @@ import torch.distributed as dist
 from lazytpu.distributed import (
     checkpoint,
     ddp,
-    fsdp,
     functional,  # noqa: F401  (handlers of _c10d_functional ops)
 )
 from lazytpu.distributed.jax_runtime import JaxOptions, options
@@ -58,5 +57,4 @@ def register() -> None:
 
 register()
 ddp.install()
-fsdp.install()
 checkpoint.install()

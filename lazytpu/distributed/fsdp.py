@@ -1,55 +1,39 @@
 """FSDP2 (``torch.distributed.fsdp.fully_shard``) on ``tpu``.
 
-FSDP2 runs on ``tpu`` through torch's own code: its all-gathers and
-reduce-scatters are the ``tpu_dist`` group's collectives, recorded into the
-step's program when the mesh is the whole world (Note [In-graph collectives]
-in lazytpu.distributed.ingraph); what it needs of the device is here and in
-the places it cites:
+Note [FSDP2 on tpu]: FSDP2 runs on ``tpu`` as torch wrote it, with nothing of
+its own replaced; this module only says how, since the pieces it needs are
+the device's and live where their stage does:
 
-- freeing and re-allocating the gathered parameters between uses with
-  ``untyped_storage().resize_`` (Note [Storage resize] in frontend/tensor);
-- its streams and per-layer events, which must not cut the step into a
-  program per layer (Note [Deferred events] in device/streams);
-- its custom ops (Note [FSDP ops]).
+- Its all-gathers and reduce-scatters are the ``tpu_dist`` group's
+  ``all_gather_single`` and ``reduce_scatter_single``. Over a mesh of the
+  whole world they are recorded into the pending program (Note [In-graph
+  collectives] in lazytpu.distributed.ingraph), so a training step is the
+  programs of the same step of the unsharded model on one device (the step's
+  segments, Note [Step segments] in lazytpu.engine), each one SPMD program
+  holding its collectives.
+- It frees each module's gathered parameters after use and allocates them
+  again before the next, with ``untyped_storage().resize_(0)`` and
+  ``resize_(nbytes)``: the unsharded parameter and the views autograd saved
+  keep their storage, which drops its buffer (Note [Storage resize] in
+  lazytpu.frontend.tensor). Between uses each rank holds its shard of each
+  parameter and of its optimizer state (``torch.tpu.memory_allocated()``
+  counts 1/world of the unsharded model's).
+- Its streams and per-layer events name the device's one queue (Note [One
+  queue] in lazytpu.device.streams), and recording an event dispatches
+  nothing, so they do not cut the step (Note [Deferred events] there);
+  ``record_stream`` has nothing to record.
+- Its custom ops ``fsdp.all_gather_copy_in``, ``fsdp.split_with_sizes_copy``
+  and ``fsdp.chunk_cat`` run their Python kernels for PrivateUse1 (Note
+  [Resolution order] in lazytpu.frontend.dispatch, step 6), whose torch ops
+  are recorded like any: the copies in and out of the flat collective
+  buffers are part of the step's program. ``fsdp.copy_``, which only
+  compiled FSDP2 graphs call, has no such kernel and runs on the CPU fallback.
+- A ``MixedPrecisionPolicy`` casts with ordinary recorded ops (bf16
+  parameters gathered and used in forward and backward, gradients cast to
+  the reduce dtype before the reduce-scatter).
 
-Note [FSDP ops]: FSDP2 defines ``fsdp.all_gather_copy_in``,
-``fsdp.split_with_sizes_copy`` and ``fsdp.chunk_cat`` with Python kernels for
-PrivateUse1 (and ``fsdp.copy_`` for the devices it knows), which torch never
-calls for a Python backend: a tpu tensor's ops all reach
-``LazyTensor.__torch_dispatch__``, where an op without a rule would run on CPU
-and cut the program. Each is handled here by its kernel's body: its torch ops
-on tpu tensors are recorded like any (a narrow, a split and a foreach copy; a
-``split_with_sizes_copy``; a ``_chunk_cat``), so an all-gather's copy-in and
-copy-out and a reduce-scatter's copy-in are part of the step's program.
+Importing ``torch.distributed.fsdp`` costs 0.15-0.3 s, so nothing here is
+imported by ``import lazytpu``. A mesh that is not the whole world (HSDP's
+replicate dimension, a sub-mesh) runs each collective as a program of its own
+(``ProcessGroupTPU._apply``), which is correct but cuts the step there.
 """
-
-from __future__ import annotations
-
-import torch
-from torch.distributed.fsdp._fully_shard import _fsdp_collectives, _fsdp_param
-
-from lazytpu.frontend.record import handles
-
-_KERNELS = {
-    torch.ops.fsdp.all_gather_copy_in.default: _fsdp_collectives.all_gather_copy_in_cuda,
-    torch.ops.fsdp.split_with_sizes_copy.default: _fsdp_collectives.split_with_sizes_copy,
-    torch.ops.fsdp.chunk_cat.default: _fsdp_collectives.chunk_cat,
-    torch.ops.fsdp.copy_.default: _fsdp_param.copy_,
-}
-
-
-def _handler(kernel):
-    def run(func, args, kwargs):
-        return kernel(*args, **kwargs)
-
-    run.__name__ = run.__qualname__ = f"fsdp_{kernel.__name__}"
-    return run
-
-
-def install() -> None:
-    """Handle FSDP2's custom ops on tpu (Note [FSDP ops]). Idempotent."""
-    from lazytpu.frontend.record import HANDLERS
-
-    for op, kernel in _KERNELS.items():
-        if op not in HANDLERS:
-            handles(op)(_handler(kernel))
