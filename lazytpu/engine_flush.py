@@ -53,7 +53,14 @@ def run(ctx, roots: list, runner, first: bool = True) -> tuple[dict, dict]:
         those that failed.
     """
     try:
-        program, inputs, distinct = build_program(roots)
+        # Note [Numbers of multi-process programs]: a program that another rank runs too (its
+        # collectives make it one SPMD program over the processes' mesh) never compiles its
+        # Python numbers in as constants (Note [Scalar specialization] in lazytpu.fusion.specialize).
+        # Each process compiles its own copy of the program, and XLA takes it for the same program
+        # on every device: a number that differs by rank (``torch.full((2,), float(rank))``) would
+        # be a constant it may fold through a collective as if every rank had it (an all-gather of
+        # it gave rank 0's value everywhere). Runtime inputs are each process's own.
+        program, inputs, distinct = build_program(roots, specialize_numbers=runner is runtime.execute)
     except FailedInput as exc:
         return without(ctx, roots, [exc.node], exc.error, runner)
     # A retry donates nothing: a failed attempt may have left a donated input to a part

@@ -49,6 +49,10 @@ def test_ddp_step_is_one_program_with_in_graph_all_reduce():
     assert_section("defer", "in_graph")
 
 
+def test_collectives_of_rank_dependent_numbers():
+    assert_section("defer", "rank_numbers")
+
+
 def test_ddp_options_needing_pinned_memory_fail_at_construction():
     assert_section("defer", "ddp_unsupported_options")
 
@@ -460,6 +464,25 @@ def _section_ddp_transformer(rank, world):
     _check_ddp(rank, world, _TinyTransformer.make, batches, loss_fn, momentum=0.0)
 
 
+def _section_rank_numbers(rank, world):
+    """Collectives of values made from Python numbers that differ by rank, recorded into
+    one program with them (Note [Numbers of multi-process programs] in lazytpu/engine_flush.py):
+    compiled in as constants, XLA folded the all-gather into rank 0's value everywhere."""
+    import torch
+    import torch.distributed as dist
+    from torch.testing import assert_close
+
+    for _ in range(3):  # a first program, then the same structure again (specialized or lifted)
+        mine = torch.full((2,), float(rank), device="tpu") * (rank + 2) + 0.5 * rank
+        gathered = torch.empty(2 * world, device="tpu")
+        dist.all_gather_into_tensor(gathered, mine)
+        total = torch.ones(3, device="tpu") * (rank + 1)
+        dist.all_reduce(total)
+        expect = torch.tensor([r * (r + 2) + 0.5 * r for r in range(world)]).repeat_interleave(2)
+        assert_close(gathered.cpu(), expect)
+        assert_close(total.cpu(), torch.full((3,), float(sum(r + 1 for r in range(world)))))
+
+
 def _section_in_graph(rank, world):
     """Defer mode: a DDP step (forward, backward, gradient all-reduce, SGD) is
     the same programs every step, with no sync at the collective; a rank that cuts its
@@ -689,6 +712,7 @@ JOBS = {
             _section_ddp_mlp,
             _section_ddp_transformer,
             _section_in_graph,
+            _section_rank_numbers,
             _section_ddp_unsupported_options,
         ],
     ),

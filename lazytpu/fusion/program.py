@@ -83,8 +83,10 @@ def _topo_order(roots: list[Output]) -> list[Node]:
     return order
 
 
-def build_program(roots: list[Output]) -> tuple[Program, list, list[Output]]:
-    """Collect everything ``roots`` depend on.
+def build_program(roots: list[Output], specialize_numbers: bool = True) -> tuple[Program, list, list[Output]]:
+    """Collect everything ``roots`` depend on. ``specialize_numbers=False``
+    keeps every lifted number a runtime input (Note [Numbers of multi-process
+    programs]).
 
     Returns:
         The program, the runtime values of its inputs (device buffers and
@@ -130,7 +132,7 @@ def build_program(roots: list[Output]) -> tuple[Program, list, list[Output]]:
     outputs = tuple((position[id(r.node)], r.index) for r in distinct)
     kinds = tuple(kinds)
     key = (tuple(key_parts), kinds, outputs)
-    if scalar_at:
+    if scalar_at and specialize_numbers:
         key, kinds = specialize(key, kinds, scalar_at, scalar_values)
     return Program(key, nodes, all_refs, kinds, outputs), inputs, distinct
 
