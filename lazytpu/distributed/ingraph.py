@@ -114,10 +114,11 @@ def record(name: str, group: tuple[int, int], source: LazyTensor, outputs: list[
     pending = ctx.collective_runner
     if not isinstance(pending, WorldRunner):
         pending = None
-    cuts = jax_runtime.merge_cuts(pending.cuts if pending else (), group)
+    world = jax.process_count()
+    cuts = jax_runtime.merge_cuts(pending.cuts if pending else (), group, world)
     if cuts is None:  # no one mesh holds both: the pending program runs first
         ctx.flush("collective")
-        pending, cuts = None, jax_runtime.merge_cuts((), group)
+        pending, cuts = None, jax_runtime.merge_cuts((), group, world)
     with ctx.graph.lock:
         values = (read(source),) if pending is None else (read(source), pending.last)
         kwargs = [

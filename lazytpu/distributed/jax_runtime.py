@@ -245,11 +245,11 @@ def line(ranks: tuple[int, ...], world: int) -> tuple[int, int] | None:
     return stride, size
 
 
-def merge_cuts(cuts: tuple[int, ...], group: tuple[int, int]) -> tuple[int, ...] | None:
-    """The cuts of a world mesh holding both ``cuts`` and the axes of ``group``
-    (``(stride, size)``), or ``None`` when no mesh does: every cut must divide
-    the next."""
-    merged = tuple(sorted({*cuts, group[0], group[0] * group[1]}))
+def merge_cuts(cuts: tuple[int, ...], group: tuple[int, int], world: int) -> tuple[int, ...] | None:
+    """The cuts of a mesh of ``world`` processes holding both ``cuts`` and the
+    axes of ``group`` (``(stride, size)``), or ``None`` when no mesh does:
+    every cut must divide the next."""
+    merged = tuple(sorted({1, world, *cuts, group[0], group[0] * group[1]}))
     if any(b % a for a, b in zip(merged, merged[1:])):
         return None
     return merged
