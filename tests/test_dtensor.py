@@ -437,15 +437,12 @@ def _check_llama_tp(mesh, sequence_parallel: bool, steps: int = 2):
     g = torch.Generator().manual_seed(5)
     tokens = torch.randint(0, 256, (2, 8), generator=g)
     positions = torch.arange(8).expand(2, 8)
-    for step in range(steps):
-        if step == 1:
+    for step in range(steps):  # the same programs each step: the last is measured
+        if step == steps - 1:
             torch.tpu.synchronize()
             metrics.reset()
         logits = model(tokens.to("tpu"), position_ids=positions.to("tpu")).logits
         ref_logits = reference(tokens, position_ids=positions).logits
-        if step == 0:  # a read in the step: the next step is measured without one
-            local = logits.to_local() if isinstance(logits, DTensor) else logits
-            assert_close(local.detach().cpu(), ref_logits.detach(), rtol=1e-4, atol=1e-4)
         F.cross_entropy(logits.flatten(0, 1), tokens.flatten().to("tpu")).backward()
         F.cross_entropy(ref_logits.flatten(0, 1), tokens.flatten()).backward()
         opt.step()
@@ -457,6 +454,8 @@ def _check_llama_tp(mesh, sequence_parallel: bool, steps: int = 2):
     # the TP collectives are in the step's programs: as many as a one-device step's
     assert "collective" not in snap["syncs"], snap
     assert snap["programs_executed"] == (3 if _config.STEP_SEGMENTS.get() else 1), snap  # Note [Step segments]
+    local = logits.to_local() if isinstance(logits, DTensor) else logits  # the last step's, computed by it
+    assert_close(local.detach().cpu(), ref_logits.detach(), rtol=1e-4, atol=1e-4)
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         value = p.full_tensor() if isinstance(p, DTensor) else p
         _close(value.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5, what=name)
@@ -479,14 +478,15 @@ def _section_llama_sp(rank, world):
 def _section_fsdp_tp(rank, world):
     """FSDP x TP on a 2x2 mesh: the Llama's TP plan over ``tp``, fully_shard
     over ``dp`` (each dp rank its half of the batch); the parameters after
-    AdamW steps equal one-device training on the whole batch."""
+    SGD steps equal one-device training on the whole batch, and a step is the
+    programs of a one-device step."""
     import torch
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from lazytpu import metrics
+    from lazytpu import _config, metrics
 
     mesh = init_device_mesh("tpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
     dp = mesh.get_coordinate()[0]
@@ -495,8 +495,8 @@ def _section_fsdp_tp(rank, world):
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=False)  # one step's programs serve every step
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(5)
     for step in range(2):
         if step == 1:
@@ -515,15 +515,16 @@ def _section_fsdp_tp(rank, world):
     torch.tpu.synchronize()
     snap = metrics.snapshot()
     assert "collective" not in snap["syncs"], snap  # FSDP's over dp and TP's over tp: in-graph
-    print("PROGRAMS", snap["programs_executed"], snap["syncs"])
+    assert snap["programs_executed"] == (3 if _config.STEP_SEGMENTS.get() else 1), snap
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-        # AdamW's update of a gradient near zero is about lr whatever its size: rounding shows
-        _close(p.full_tensor().detach().cpu(), q.detach(), rtol=1e-4, atol=1e-4, what=name)
+        _close(p.full_tensor().detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5, what=name)
 
 
+# Four ranks compiling a Llama on 2 loaded cores can take minutes: the watchdogs are wider.
+_SLOW = {"TORCHTPU_EAGER_MODE": "defer", "DIST_TEST_WATCHDOG_S": "240"}
 JOBS = {
     "two": Job(
-        {"TORCHTPU_EAGER_MODE": "defer"},
+        _SLOW,
         [
             _section_redistribute_1d,
             _section_from_local,
@@ -532,8 +533,9 @@ JOBS = {
             _section_llama_tp,
             _section_llama_sp,
         ],
+        timeout=300,
     ),
-    "four": Job({"TORCHTPU_EAGER_MODE": "defer"}, [_section_redistribute_2d, _section_fsdp_tp], world=4),
+    "four": Job(_SLOW, [_section_redistribute_2d, _section_fsdp_tp], world=4, timeout=300),
 }
 HARNESS = Harness(__file__, JOBS)
 assert_section = HARNESS.assert_section
