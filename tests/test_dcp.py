@@ -42,7 +42,7 @@ def test_ddp_model_and_adamw_resume_with_two_ranks():
     assert_section("two", "ddp")
 
 
-def test_async_save_stages_tpu_tensors():
+def test_async_save_stages_tpu_tensors_and_dtensors():
     assert_section("two", "async_save")
 
 
@@ -332,27 +332,34 @@ def _resume(model, opt, path: str) -> None:
 
 
 def _section_async_save(rank, world):
-    """dcp.async_save stages tpu tensors to the host at the call (one read per
-    storage): training on after it does not change what is written."""
+    """dcp.async_save stages tpu tensors and DTensors (DDP's and FSDP2's state)
+    to the host at the call (one read per storage): writing the parameters
+    after it does not change what is saved. (No training step overlaps the
+    writer thread here: see docs/checkpoints_and_data.md.)"""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    model, opt = _model_and_optimizer(seed=0, device="tpu")
-    model = DDP(model)
-    _train(model, opt, _BATCHES[:2], rank, world)
-    msd, osd = get_state_dict(model, opt)
-    path = os.path.join(ROOT, "async")
-    with _host_reads() as reads:
-        future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=path)
-        staged = reads[0]
-    _train(model, opt, _BATCHES[2:], rank, world)
-    future.result()
-    assert staged == 3 * len(msd), staged  # each parameter, exp_avg, exp_avg_sq once (step is a CPU tensor)
-    fresh, fresh_opt = _model_and_optimizer(seed=1, device="tpu")
-    fresh = DDP(fresh)
-    _resume(fresh, fresh_opt, path)
-    _assert_trained_as_cpu(fresh.module, fresh_opt, steps=2)
+    def ddp(seed):
+        model, opt = _model_and_optimizer(seed, device="tpu")
+        return DDP(model), opt
+
+    for name, make in (("ddp", ddp), ("fsdp", _fsdp_model_and_optimizer)):
+        model, opt = make(seed=0)
+        _train(model, opt, _BATCHES[:2], rank, world)
+        msd, osd = get_state_dict(model, opt)
+        path = os.path.join(ROOT, f"async_{name}")
+        with _host_reads() as reads:
+            future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=path)
+            staged = reads[0]
+        with torch.no_grad():  # written while the files are: the checkpoint keeps the staged values
+            for p in model.parameters():
+                p.add_(1.0)
+        future.result()
+        assert staged == 3 * len(msd), (name, staged)  # each parameter, exp_avg, exp_avg_sq (step: CPU)
+        fresh, fresh_opt = make(seed=1)
+        _resume(fresh, fresh_opt, path)
+        _assert_trained_as_cpu(getattr(fresh, "module", fresh), fresh_opt, steps=2)
 
 
 def _section_reshard_tensors(rank, world):
