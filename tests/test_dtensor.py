@@ -53,7 +53,7 @@ def test_fsdp_times_tensor_parallel_on_a_2x2_mesh():
 
 
 def test_world_mesh_of_device_mesh_groups():
-    """Note [Subgroups in the world mesh]: which groups are mesh axes, and which."""
+    """Which groups of a world are axes of one mesh (Note [Subgroups in the world mesh])."""
     from lazytpu.distributed import jax_runtime as jr
 
     assert jr.line((0, 2), 4) == (2, 2) and jr.line((1, 3), 4) == (2, 2)  # a 2x2 mesh's columns

@@ -40,12 +40,12 @@ def rule(name: str):
 _UNSIGNED = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
 
 
-def _to_bits(x):
+def to_bits(x):
     """``x`` as unsigned integers of its width (so a masked sum moves it exactly)."""
     if x.dtype == jnp.bool_:
         return x.astype(jnp.uint8)
     if jnp.issubdtype(x.dtype, jnp.complexfloating):
-        return _to_bits(jnp.stack([x.real, x.imag]))
+        return to_bits(jnp.stack([x.real, x.imag]))
     return lax.bitcast_convert_type(x, _UNSIGNED[x.dtype.itemsize])
 
 
@@ -113,7 +113,7 @@ def all_reduce(x, *, op: str, size: int, axis=AXIS):
 
 @rule("broadcast")
 def broadcast(x, *, root: int, axis=AXIS):
-    bits = _to_bits(x)
+    bits = to_bits(x)
     mine = lax.axis_index(axis) == root
     return _from_bits(lax.psum(jnp.where(mine, bits, jnp.zeros_like(bits)), axis), x.dtype)
 
@@ -152,7 +152,7 @@ def all_to_all(x, *, axis=AXIS):
 @rule("scatter")
 def scatter(x, *, root: int, axis=AXIS):
     """Rank ``root``'s block i (axis 0) goes to rank i; other ranks' ``x`` is ignored."""
-    bits = _to_bits(x)
+    bits = to_bits(x)
     if jnp.issubdtype(x.dtype, jnp.complexfloating):  # bits are (2, ...): scatter along axis 1
         mine = jnp.where(lax.axis_index(axis) == root, bits, jnp.zeros_like(bits))
         return _from_bits(lax.psum_scatter(mine, axis, scatter_dimension=1, tiled=True), x.dtype)

@@ -97,7 +97,7 @@ def _collective(x, *, name: str, shapes: tuple, group: tuple, after=None, flatte
 
 def _after(x, after):
     """``x``, computed after ``after`` (Note [Collective order])."""
-    bits = collectives._to_bits(after.reshape(-1)[:1]).reshape(-1)[0]
+    bits = collectives.to_bits(after.reshape(-1)[:1]).reshape(-1)[0]
     never = (bits | 1) == 0
     return jax.numpy.where(never, jax.numpy.zeros_like(x), x)
 
