@@ -437,10 +437,11 @@ def _section_reshard_fsdp(rank, world):
     _assert_trained_as_cpu(model, opt, steps=4)
 
 
-ENV = {_DIR_VAR: ROOT}
+# Each job compiles its ranks' programs on a shared, loaded machine: watchdogs wider than the harness's.
+ENV = {_DIR_VAR: ROOT, "TORCHTPU_EAGER_MODE": "defer", "DIST_TEST_WATCHDOG_S": "240"}
 JOBS = {
-    "two": Job(ENV, [_section_tensors, _section_ddp, _section_async_save, _section_fsdp], world=2),
-    "four": Job(ENV, [_section_reshard_tensors, _section_reshard_fsdp], world=4),
+    "two": Job(ENV, [_section_tensors, _section_ddp, _section_async_save, _section_fsdp], world=2, timeout=300),
+    "four": Job(ENV, [_section_reshard_tensors, _section_reshard_fsdp], world=4, timeout=300),
 }
 HARNESS = Harness(__file__, JOBS)
 
