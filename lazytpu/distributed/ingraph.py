@@ -37,7 +37,13 @@ at all their strides; a group whose cuts cannot join the pending program's
 qualify (torch names them ``mesh_<dim>``): a subgroup made by ``new_group``
 may be used by its members alone, while a world program needs every rank, so
 it runs each collective as a program of its own, as does a group whose ranks
-are not evenly strided (``jax_runtime.line``).
+are not evenly strided (``jax_runtime.line``). This assumes the
+``DeviceMesh`` spans the world, as one from ``init_device_mesh`` does when
+its shape multiplies to the world size: the ranks outside a smaller mesh
+(``init_device_mesh("tpu", (2,))`` in a world of 4) never run its program,
+and its members wait for them. A group cannot tell (torch creates a mesh's
+groups without a barrier, so no rank can check the others' in time); build
+such a mesh's groups with ``new_group`` instead.
 """
 
 from __future__ import annotations
