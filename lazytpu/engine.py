@@ -434,6 +434,12 @@ class DeviceContext:
         Counts the sync (unless not ``count``); takes the lane off the steps
         due (Note [Step boundary]). With no roots, whatever was pending is dead
         or materialized: the graph forgets it.
+
+        Note [Runner effects]: a runner may name pending values that must be
+        computed even when no tensor holds them (``effects``): the program of
+        an in-graph collective runs on every rank of its group, so a rank that
+        dropped a collective's result (rank 1 discarding a gathered state dict
+        that rank 0 keeps) must still run it, or the others wait for it forever.
         """
         graph = lane.graph
         lane.backward = False
@@ -444,6 +450,9 @@ class DeviceContext:
         if count:
             metrics.count("syncs", reason)
         runner, lane.collective_runner = lane.collective_runner or runtime.execute, None
+        for effect in getattr(runner, "effects", ()):
+            if effect not in roots:
+                roots.append(effect)
         if not roots:
             graph.forget_pending()
         return roots, runner
@@ -519,6 +528,12 @@ class _ModeState:
 MODE = _ModeState()
 _CONTEXTS: dict[int, DeviceContext] = {}
 _CONTEXTS_LOCK = threading.Lock()
+
+
+def contexts() -> list[DeviceContext]:
+    """The device contexts made so far."""
+    with _CONTEXTS_LOCK:
+        return list(_CONTEXTS.values())
 
 
 def context(index: int = 0) -> DeviceContext:

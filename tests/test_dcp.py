@@ -256,6 +256,7 @@ def _section_tensors(rank, world):
     for key, placement in _PLACEMENTS.items():
         out[key] = distribute_tensor(torch.zeros_like(values[key], device="tpu"), mesh, [_placement(placement)])
     out.update(step=0, name="")
+    torch.tpu.synchronize()  # the destinations' broadcasts (Replicate), before the load's own host collectives
     lazytpu.metrics.reset()
     with _host_reads() as reads:
         dcp.load(out, checkpoint_id=path)
@@ -401,8 +402,7 @@ def _section_fsdp(rank, world):
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
     _assert_one_read_per_item(path, rank, reads)
 
-    # Every rank gathers the full tensors and reads them. (With cpu_offload=True only rank 0 keeps
-    # them, and the job hangs: the other ranks never run the all-gathers whose results they drop.)
+    # Every rank gathers the full tensors and reads them.
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     ref, _ = _model_and_optimizer(seed=0, device="cpu")
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.05, weight_decay=0.1)
@@ -410,6 +410,16 @@ def _section_fsdp(rank, world):
     assert set(full) == set(ref.state_dict()), sorted(full)
     for key, value in full.items():
         _assert_holds(value, ref.state_dict()[key], rtol=1e-4, atol=1e-5, msg=key)
+    # With cpu_offload only rank 0 keeps them (on the CPU); the other ranks drop the all-gathers'
+    # results, which must run all the same (Note [Runner effects] in lazytpu/engine.py): it hung.
+    offloaded = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        assert set(offloaded) == set(ref.state_dict()), sorted(offloaded)
+        for key, value in offloaded.items():
+            assert value.device.type == "cpu", key
+            assert_close(value, ref.state_dict()[key], rtol=1e-4, atol=1e-5, msg=key)
+    else:
+        assert offloaded == {}, sorted(offloaded)
     broadcast, _ = _fsdp_model_and_optimizer(seed=1)
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(broadcast, full, options=options)

@@ -53,6 +53,10 @@ def test_collectives_of_rank_dependent_numbers():
     assert_section("defer", "rank_numbers")
 
 
+def test_a_collective_one_rank_drops_still_runs():
+    assert_section("defer", "dropped_collective")
+
+
 def test_ddp_options_needing_pinned_memory_fail_at_construction():
     assert_section("defer", "ddp_unsupported_options")
 
@@ -483,6 +487,27 @@ def _section_rank_numbers(rank, world):
         assert_close(total.cpu(), torch.full((3,), float(sum(r + 1 for r in range(world)))))
 
 
+def _section_dropped_collective(rank, world):
+    """A rank drops an in-graph collective's result that another keeps, then both
+    enter a host (gloo) collective: the dropped one still runs, before the host
+    one (Note [Runner effects] in lazytpu/engine.py, Note [Device collectives before
+    host ones]); it was discarded as dead work and rank 0 waited in it forever."""
+    import torch
+    import torch.distributed as dist
+    from torch.testing import assert_close
+
+    for _ in range(2):
+        gathered = torch.empty(2 * world, device="tpu")
+        dist.all_gather_into_tensor(gathered, torch.full((2,), float(rank), device="tpu") + 1)
+        if rank != 0:
+            del gathered  # as FSDP2's full state dict with cpu_offload does on ranks > 0
+        flag = torch.tensor([rank + 5])
+        dist.broadcast(flag, src=0)  # a CPU tensor: the group's gloo helper
+        assert flag.item() == 5
+        if rank == 0:
+            assert_close(gathered.cpu(), torch.arange(1.0, world + 1).repeat_interleave(2))
+
+
 def _section_in_graph(rank, world):
     """Defer mode: a DDP step (forward, backward, gradient all-reduce, SGD) is
     the same programs every step, with no sync at the collective; a rank that cuts its
@@ -713,6 +738,7 @@ JOBS = {
             _section_ddp_transformer,
             _section_in_graph,
             _section_rank_numbers,
+            _section_dropped_collective,
             _section_ddp_unsupported_options,
         ],
     ),

@@ -158,6 +158,12 @@ class WorldRunner:
     cuts: tuple[int, ...]
     last: Output
 
+    @property
+    def effects(self) -> tuple[Output, ...]:
+        """The last collective, computed even if no tensor holds it (Note [Runner
+        effects] in lazytpu.engine); each collective depends on the one before."""
+        return (self.last,)
+
     def __call__(self, key, make_fn, inputs: list, **kwargs):
         return execute(key, make_fn, inputs, mesh=self.mesh, **kwargs)
 

@@ -23,7 +23,7 @@ from torch._C import _distributed_c10d as c10d
 from torch._C._distributed_c10d import _create_work_from_future
 
 from lazytpu.distributed import collectives, ingraph, jax_runtime
-from lazytpu.engine import context
+from lazytpu.engine import context, contexts
 from lazytpu.frontend.tensor import LazyTensor
 from lazytpu.frontend.windows import contiguous_strides, new_tensor, write_value
 from lazytpu.ir import Data, Failed, Output
@@ -119,10 +119,17 @@ class ProcessGroupTPU(dist.ProcessGroup):
         self._timeout = timeout
         self._world: tuple | None = None  # in-graph (stride, size), () when not (known at first use)
         self._group_name = self._group_desc = ""
-        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("lazytpu_gloo/", store), rank, size, timeout)
+        self._cpu_group = dist.ProcessGroupGloo(dist.PrefixStore("lazytpu_gloo/", store), rank, size, timeout)
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    @property
+    def _gloo(self) -> dist.ProcessGroupGloo:
+        """The gloo group of the CPU tensors (Note [CPU tensors in a tpu_dist group]), after the
+        pending in-graph collectives have run (Note [Device collectives before host ones])."""
+        run_pending_collectives()
+        return self._cpu_group
 
     @property
     def _device_types(self) -> list[torch.device]:
@@ -396,6 +403,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     # -- barrier ----------------------------------------------------------------------
     def barrier(self, opts=None):
+        run_pending_collectives()
         index = torch.tpu.current_device()
         token = jax.device_put(jax.numpy.zeros((1,), jax.numpy.int32), jax_runtime.platform.device(index))
         (out,) = collectives.run("all_reduce", jax_runtime.mesh(self._ranks, index), [token], op="sum", size=self._size)
@@ -408,6 +416,23 @@ class ProcessGroupTPU(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
     alltoall_base = all_to_all_single
+
+
+def run_pending_collectives() -> None:
+    """Run the programs of this process that hold in-graph collectives.
+
+    Note [Device collectives before host ones]: a rank's in-graph collectives
+    run when its program does, at its next sync; a host-side collective (a CPU
+    tensor's, through gloo) or a barrier runs at once. Were a rank to enter one
+    with device collectives still pending, while another rank's program waits
+    in those collectives, each would wait for the other: so they run first,
+    in the order every rank recorded them (Note [Runner effects] in
+    lazytpu.engine keeps them even if their results were dropped).
+    """
+    for ctx in contexts():
+        for lane in list(ctx.lanes.values()):
+            if isinstance(lane.collective_runner, ingraph.WorldRunner):
+                ctx.flush("collective", lane=lane)
 
 
 def _complex_view(t: LazyTensor) -> bool:
