@@ -165,3 +165,15 @@ class Harness:
         if job.backend is not None:
             dist.barrier()
             dist.destroy_process_group()
+
+
+def tiny_llama(seed: int = 0, **config):
+    """The distributed tests' small transformers Llama (vocab 256, width 64, 2
+    layers, 4 heads, 2 KV heads, MLP 128), initialized from ``seed`` on CPU;
+    ``config`` overrides ``LlamaConfig`` fields."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    sizes = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    return LlamaForCausalLM(LlamaConfig(**sizes, intermediate_size=128, attention_dropout=0.0, **config))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import itertools
 
-from dist_harness import Harness, Job, report
+from dist_harness import Harness, Job, report, tiny_llama
 
 # -- the tests ----------------------------------------------------------------------------
 # One launch per world size (starting ranks costs ~15 s on 2 cores).
@@ -365,21 +365,7 @@ def _section_errors(rank, world):
 
 
 def _llama():
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        attention_dropout=0.0,
-        attn_implementation="sdpa",
-    )
-    return LlamaForCausalLM(config)
+    return tiny_llama(attn_implementation="sdpa")
 
 
 def _tp_plan(sequence_parallel: bool):

@@ -16,7 +16,7 @@ import gc
 
 import pytest
 import torch
-from dist_harness import Harness, Job, report
+from dist_harness import Harness, Job, report, tiny_llama
 
 import lazytpu
 
@@ -123,19 +123,7 @@ def _mlp(sizes=(8, 32, 32, 4)):
 
 
 def _llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        attention_dropout=0.0,
-    )
-    return LlamaForCausalLM(config)
+    return tiny_llama()
 
 
 def _shard(model, blocks, mesh, **options):

@@ -9,7 +9,7 @@ training with CPU torch's and prints ``OK <section>``.
 
 from __future__ import annotations
 
-from dist_harness import Harness, Job
+from dist_harness import Harness, Job, tiny_llama
 
 DEVICES = 4
 
@@ -118,21 +118,11 @@ def _section_llama(rank, world):
     import torch
     from torch.distributed.tensor import Shard
     from torch.testing import assert_close
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from lazytpu.distributed import LocalMesh
     from lazytpu.distributed.spmd import placements
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-    )
-    ref = LlamaForCausalLM(config)
+    ref = tiny_llama()
     batches = [torch.randint(0, 256, (8, 16)) for _ in range(5)]
     mesh = LocalMesh(DEVICES)
     model = mesh.shard_module(copy.deepcopy(ref))
