@@ -140,7 +140,9 @@ class Harness:
         """One rank: the sections of the job named by ``sys.argv[1]``."""
         job = self.jobs[sys.argv[1]]
         watchdog_s = float(os.environ.get("DIST_TEST_WATCHDOG_S", WATCHDOG_S))
-        faulthandler.dump_traceback_later(watchdog_s, exit=True)
+        # Start-up (imports, the process group) gets the default watchdog at least: a job's short
+        # one (the hang test's 12 s) is for its sections, and a loaded machine imports slowly.
+        faulthandler.dump_traceback_later(max(watchdog_s, WATCHDOG_S), exit=True)
         import traceback
 
         import torch.distributed as dist
