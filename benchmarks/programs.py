@@ -46,10 +46,10 @@ def _captured_programs():
     runs: list = []
     compile_, run_ = executor._compile, executor.run_program
 
-    def compile_spy(key, fn, inputs, index, donate, on_compile):
+    def compile_spy(key, fn, inputs, *args, **kwargs):
         specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) if hasattr(x, "shape") else x for x in inputs]
         programs[key] = (fn, specs)
-        return compile_(key, fn, inputs, index, donate, on_compile)
+        return compile_(key, fn, inputs, *args, **kwargs)
 
     def run_spy(key, compile_fn, args, blocking=False, **counted):
         runs.append(key)

@@ -146,8 +146,8 @@ def _spy_outputs(monkeypatch) -> list:
 
     shapes, build = [], engine_flush.build_program
 
-    def spy(roots):
-        built = build(roots)
+    def spy(roots, **options):
+        built = build(roots, **options)
         shapes.append(sorted(tuple(a.shape) for a in built[0].output_avals))
         return built
 
