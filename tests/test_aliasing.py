@@ -205,6 +205,37 @@ def test_views_record_no_nodes_until_read():
     assert v._lt_storage is x._lt_storage
 
 
+def test_a_window_is_planned_once_per_layout():
+    # a view's read and write of one layout share one template and interned
+    # signature (windows._window_plan), as a recorded op's plan does
+    from lazytpu.frontend.windows import read
+
+    x = torch.arange(12.0).to("tpu")
+    v = x[1:5]
+    with torch.tpu.set_eager_mode("defer"):
+        first = read(v)
+        x.add_(1)  # a new value under the same window
+        second = read(v)
+        v.mul_(2)  # a write through the window
+        x.add_(1)
+        v.mul_(2)
+        writes, todo = [], [x._lt_storage.value.node]
+        while todo:
+            node = todo.pop()
+            writes += [node] if node.op == "lazytpu.view_write" and node not in writes else []
+            todo += [i.node for i in node.inputs if hasattr(i, "node")]
+    assert first.node is not second.node
+    assert first.node.static is not None and first.node.static is second.node.static
+    assert first.node.spec is second.node.spec
+    assert len(writes) == 2 and writes[0].static is writes[1].static is not None, writes
+    expected = torch.arange(12.0)
+    expected += 1
+    expected[1:5] *= 2
+    expected += 1
+    expected[1:5] *= 2
+    torch.testing.assert_close(x.cpu(), expected)
+
+
 def test_inplace_on_leaf_view_raises_like_cpu():
     for d in ("cpu", "tpu"):
         w = torch.ones(3).to(d).requires_grad_()

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import torch
 
+from lazytpu import _caches
 from lazytpu.engine import context
 from lazytpu.frontend.tensor import LazyTensor, TensorDesc, describe
 from lazytpu.ir import Aval, Node, Output, Storage
+from lazytpu.ir.node import op_sig
 from lazytpu.ir.template import Slot, Template
 from lazytpu.lowering.strided import VIEW_READ, VIEW_WRITE, overlaps_itself
 
@@ -60,9 +62,22 @@ def _window_kwargs(t: LazyTensor) -> tuple:
     return kwargs if dtype is None else (kwargs[0], ("dtype", dtype), *kwargs[1:])
 
 
-def _node(op, inputs: tuple, kwargs: tuple, aval: Aval) -> Node:
-    template = Template(tuple(Slot(i) for i in range(len(inputs))), kwargs)
-    return Node(op, template, inputs, (aval,))
+_WINDOW_PLANS = _caches.memo("window_plans")
+# Keyed by interned descriptors' identities: cleared with them (Note [Memo bound]).
+
+
+def _window_plan(op, t: LazyTensor, out: Aval) -> tuple:
+    """The template and interned signature of ``op`` on ``t``'s window
+    (Note [Plans] in lazytpu.frontend.record: a view's read or write is
+    planned once per layout, not built and hashed again per call)."""
+    storage = t._lt_storage
+    key = (op, t._lt_desc, storage.stride, storage.value.aval, out)
+    plan = _WINDOW_PLANS.get(key)
+    if plan is None:
+        slots = (Slot(0),) if op is VIEW_READ else (Slot(0), Slot(1))
+        template = Template(slots, _window_kwargs(t))
+        plan = _WINDOW_PLANS[key] = (template, (out,), op_sig(op, template, (out,)))
+    return plan
 
 
 def read(t: LazyTensor):
@@ -76,7 +91,8 @@ def read(t: LazyTensor):
         return cache[1]
     ctx = context(storage.graph.index)
     with ctx.graph.lock:
-        node = _node(VIEW_READ, (base,), _window_kwargs(t), Aval(tuple(t.shape), t.dtype))
+        template, avals, sig = _window_plan(VIEW_READ, t, t._lt_desc.aval)
+        node = Node(VIEW_READ, template, (base,), avals, None, sig)
         value = Output(node, 0)
         t._lt_cache = (base, value)
         ctx.recorded(node, flush=False)  # no storage holds ``value``: its consumer flushes
@@ -106,7 +122,8 @@ def write_value(t: LazyTensor, value) -> None:
         storage.bind(value, ctx.graph)
         return
     with ctx.lock:
-        node = _node(VIEW_WRITE, (storage.value, value), _window_kwargs(t), storage.value.aval)
+        template, avals, sig = _window_plan(VIEW_WRITE, t, storage.value.aval)
+        node = Node(VIEW_WRITE, template, (storage.value, value), avals, None, sig)
         storage.bind(Output(node, 0), ctx.graph)
         # a window sharing locations reads back what the write resolved, not ``value`` (Note [Overlapping writes])
         t._lt_cache = None if overlaps_itself(t._lt_desc.shape, t._lt_desc.stride) else (storage.value, value)

@@ -151,8 +151,13 @@ class PendingGraph:
 
     def live_storages(self) -> list[Storage]:
         """Every live storage (and prune the dead references)."""
-        alive = [s for s in (ref() for ref in self.storages) if s is not None]
-        self.storages = [weakref.ref(s) for s in alive]
+        alive, refs = [], []
+        for ref in self.storages:
+            s = ref()
+            if s is not None:
+                alive.append(s)
+                refs.append(ref)
+        self.storages = refs
         return alive
 
     def live_buffers(self) -> list:
@@ -169,7 +174,7 @@ class PendingGraph:
         thread's pending random op reads the key another thread's flush
         advances, or a buffer another thread overwrote in place).
         """
-        held = {id(b) for b in self.live_buffers()}
+        held = {id(s.value.buffer) for s in self.live_storages() if type(s.value) is Data}
         if isinstance(self.rng, Data):
             held.add(id(self.rng.buffer))
         return held
