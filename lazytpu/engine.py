@@ -278,7 +278,7 @@ class DeviceContext:
             self.random.value = Data(runtime.from_host(array, self.index), RNG_AVAL)
 
     # -- record / flush -------------------------------------------------
-    def recorded(self, node: Node, flush: bool = True, task: bool = True) -> None:
+    def recorded(self, node: Node, flush: bool = True, task: bool = True, lane: Lane | None = None) -> None:
         """Called after a node is recorded: strict mode flushes here.
 
         ``ops_recorded`` is counted here, in the graph's ``recorded_ops``,
@@ -292,11 +292,12 @@ class DeviceContext:
         read its inputs (``record``), or must not cut a step (a compiled
         graph's call): Note [Step segments].
         """
-        self.graph.recorded_ops += 1
+        lane = lane or self.lane()  # the calling thread's (record passes the one it found)
+        lane.graph.recorded_ops += 1
         if flush:
-            self.flush_if_due(task, node.depth)
+            self.flush_if_due(task, node.depth, lane)
 
-    def flush_if_due(self, task: bool = True, depth: int = 0) -> None:
+    def flush_if_due(self, task: bool = True, depth: int = 0, lane: Lane | None = None) -> None:
         """Strict mode flushes after each op; deferred mode at the start of a
         backward pass (Note [Step segments]) and at the graph cap: as many ops
         pending, or an op ``depth`` ops deep (Note [Graph depth] in
@@ -304,7 +305,7 @@ class DeviceContext:
         if MODE.current is not EagerMode.DEFER_AND_FUSE:
             self.flush("strict")
             return
-        lane = self.lane()
+        lane = lane or self.lane()
         if task:
             self.note_task(lane)  # the ops that record() does not record
         if lane.graph.pending_ops >= _config.MAX_PENDING_OPS.get() or depth >= _config.MAX_PENDING_DEPTH.get():

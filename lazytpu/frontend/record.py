@@ -344,11 +344,11 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: b
             ctx.graph.rng = Output(node, len(plan.out_avals) - 1)
         if into is not None and plan.layout is None and plan.descs[0] is into._lt_desc:
             into._lt_storage.bind(Output(node, 0), lane.graph)  # an in-place op: no tensor in between
-            ctx.recorded(node, task=False)  # noted above
+            ctx.recorded(node, task=False, lane=lane)  # noted above
             return into
         graph = lane.graph  # new_tensor_of, inlined: this is the per-op path
         outs = [LazyTensor(Storage(Output(node, i), graph, d.stride), d, True) for i, d in enumerate(plan.descs)]
-        ctx.recorded(node, flush, task=False)
+        ctx.recorded(node, flush, task=False, lane=lane)
     return plan.pack(outs)
 
 
