@@ -46,8 +46,8 @@ from lazytpu.compile.graph_rules import ALIASES, GRAPH_RULES, is_view_node, lowe
 from lazytpu.compile.host_nodes import host_function, host_nodes, on_cpu
 from lazytpu.engine import RNG_AVAL, STEPS_DUE, context, run_due_steps
 from lazytpu.frontend import hostio
-from lazytpu.frontend.tensor import LazyTensor, describe
-from lazytpu.frontend.windows import contiguous_strides, new_tensor_of, view_dtype, write_value
+from lazytpu.frontend.tensor import LazyTensor, contiguous_strides, describe
+from lazytpu.frontend.windows import new_tensor_of, view_dtype, write_value
 from lazytpu.ir import Aval, Node, Output, Scalar, Storage
 from lazytpu.ir.node import op_sig
 from lazytpu.ir.template import Slot, Template, fill, flatten

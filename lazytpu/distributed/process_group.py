@@ -24,8 +24,8 @@ from torch._C._distributed_c10d import _create_work_from_future
 
 from lazytpu.distributed import collectives, ingraph, jax_runtime
 from lazytpu.engine import context, contexts
-from lazytpu.frontend.tensor import LazyTensor
-from lazytpu.frontend.windows import contiguous_strides, new_tensor, write_value
+from lazytpu.frontend.tensor import LazyTensor, contiguous_strides
+from lazytpu.frontend.windows import new_tensor, write_value
 from lazytpu.ir import Data, Failed, Output
 
 BACKEND = "tpu_dist"

@@ -23,8 +23,8 @@ from lazytpu.frontend.checks import scalars, value_checks
 from lazytpu.frontend.checks.kernel_checks import check_kernel_dtypes
 from lazytpu.frontend.checks.probe import run_on
 from lazytpu.frontend.metas import MetaUnavailable, infer_meta, value_key
-from lazytpu.frontend.tensor import LazyTensor, describe
-from lazytpu.frontend.windows import contiguous_strides, new_tensor_of, read
+from lazytpu.frontend.tensor import LazyTensor, contiguous_strides, describe
+from lazytpu.frontend.windows import new_tensor_of, read
 from lazytpu.ir import Failed, Node, Output, Scalar, Storage
 from lazytpu.ir.node import op_sig
 from lazytpu.ir.source import location

@@ -65,9 +65,12 @@ def tpu_device(index: int = 0) -> torch.device:
     return dev
 
 
-def _device(storage) -> torch.device:
-    index = storage.graph.index
-    return _DEVICES.get(index) or tpu_device(index)
+def contiguous_strides(shape) -> tuple[int, ...]:
+    strides, n = [], 1
+    for d in reversed(tuple(shape)):
+        strides.append(n)
+        n *= max(d, 1)
+    return tuple(reversed(strides))
 
 
 class TensorDesc:
@@ -89,11 +92,7 @@ class TensorDesc:
         span = 1 + sum((n - 1) * s for n, s in zip(shape, stride)) if all(shape) else 0
         self.nbytes = max(storage_numel, offset + span) * dtype.itemsize
         # the layout torch gives a wrapper made from sizes alone: contiguous, at 0, storage its own size
-        numel, natural = 1, []
-        for n in reversed(shape):
-            natural.append(numel)
-            numel *= max(n, 1)
-        self.plain = offset == 0 and stride == tuple(reversed(natural)) and self.nbytes == span * dtype.itemsize
+        self.plain = offset == 0 and stride == contiguous_strides(shape) and self.nbytes == span * dtype.itemsize
 
     def __repr__(self) -> str:
         return f"TensorDesc({list(self.shape)}, stride={self.stride}, offset={self.offset}, {self.dtype})"
@@ -266,15 +265,16 @@ class LazyTensor(torch.Tensor):
     def __new__(cls, storage, desc: TensorDesc, is_base: bool | None = None):
         # Note [Device index]: a tensor's device is its storage's: the index is kept
         # once, by the storage's graph (one per device and thread), and read from there
+        device = tpu_device(storage.graph.index)
         if desc.plain:  # the common case, about 0.5 us less of torch's argument parsing
-            t = torch.Tensor._make_wrapper_subclass(cls, desc.shape, dtype=desc.dtype, device=_device(storage))
+            t = torch.Tensor._make_wrapper_subclass(cls, desc.shape, dtype=desc.dtype, device=device)
         else:
             t = torch.Tensor._make_wrapper_subclass(
                 cls,
                 desc.shape,
                 strides=desc.stride,
                 dtype=desc.dtype,
-                device=_device(storage),
+                device=device,
                 storage_offset=desc.offset,
                 storage_size=desc.nbytes,  # a view's storage is its base's, as on CPU
             )

@@ -14,18 +14,10 @@ import torch
 from lazytpu import _caches
 from lazytpu.engine import context
 from lazytpu.frontend.tensor import LazyTensor, TensorDesc, describe
-from lazytpu.ir import Aval, Node, Output, Storage
+from lazytpu.ir import Node, Output, Storage
 from lazytpu.ir.node import op_sig
 from lazytpu.ir.template import Slot, Template
 from lazytpu.lowering.strided import VIEW_READ, VIEW_WRITE, overlaps_itself
-
-
-def contiguous_strides(shape) -> tuple[int, ...]:
-    strides, n = [], 1
-    for d in reversed(tuple(shape)):
-        strides.append(n)
-        n *= max(d, 1)
-    return tuple(reversed(strides))
 
 
 def new_tensor(value, shape, stride, dtype, index: int) -> LazyTensor:
@@ -66,17 +58,20 @@ _WINDOW_PLANS = _caches.memo("window_plans")
 # Keyed by interned descriptors' identities: cleared with them (Note [Memo bound]).
 
 
-def _window_plan(op, t: LazyTensor, out: Aval) -> tuple:
-    """The template and interned signature of ``op`` on ``t``'s window
-    (Note [Plans] in lazytpu.frontend.record: a view's read or write is
-    planned once per layout, not built and hashed again per call)."""
+def _window_plan(op, t: LazyTensor) -> tuple:
+    """The template, output avals and interned signature of ``op`` (a read
+    or a write) on ``t``'s window (Note [Plans] in lazytpu.frontend.record:
+    a view's read or write is planned once per layout, not built and hashed
+    again per call)."""
     storage = t._lt_storage
-    key = (op, t._lt_desc, storage.stride, storage.value.aval, out)
+    base = storage.value.aval
+    key = (op, t._lt_desc, storage.stride, base)
     plan = _WINDOW_PLANS.get(key)
     if plan is None:
-        slots = (Slot(0),) if op is VIEW_READ else (Slot(0), Slot(1))
-        template = Template(slots, _window_kwargs(t))
-        plan = _WINDOW_PLANS[key] = (template, (out,), op_sig(op, template, (out,)))
+        read = op is VIEW_READ
+        template = Template((Slot(0),) if read else (Slot(0), Slot(1)), _window_kwargs(t))
+        avals = (t._lt_desc.aval if read else base,)
+        plan = _WINDOW_PLANS[key] = (template, avals, op_sig(op, template, avals))
     return plan
 
 
@@ -91,7 +86,7 @@ def read(t: LazyTensor):
         return cache[1]
     ctx = context(storage.graph.index)
     with ctx.graph.lock:
-        template, avals, sig = _window_plan(VIEW_READ, t, t._lt_desc.aval)
+        template, avals, sig = _window_plan(VIEW_READ, t)
         node = Node(VIEW_READ, template, (base,), avals, None, sig)
         value = Output(node, 0)
         t._lt_cache = (base, value)
@@ -122,7 +117,7 @@ def write_value(t: LazyTensor, value) -> None:
         storage.bind(value, ctx.graph)
         return
     with ctx.lock:
-        template, avals, sig = _window_plan(VIEW_WRITE, t, storage.value.aval)
+        template, avals, sig = _window_plan(VIEW_WRITE, t)
         node = Node(VIEW_WRITE, template, (storage.value, value), avals, None, sig)
         storage.bind(Output(node, 0), ctx.graph)
         # a window sharing locations reads back what the write resolved, not ``value`` (Note [Overlapping writes])

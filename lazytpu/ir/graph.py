@@ -174,7 +174,7 @@ class PendingGraph:
         thread's pending random op reads the key another thread's flush
         advances, or a buffer another thread overwrote in place).
         """
-        held = {id(s.value.buffer) for s in self.live_storages() if type(s.value) is Data}
+        held = {id(b) for b in self.live_buffers()}
         if isinstance(self.rng, Data):
             held.add(id(self.rng.buffer))
         return held

@@ -10,8 +10,8 @@ from lazytpu import _caches, _config, metrics
 from lazytpu.frontend import hostio
 from lazytpu.frontend.record import device_index, kwarg_device_index, map_tensors
 from lazytpu.frontend.routes.views import resize_to
-from lazytpu.frontend.tensor import LazyTensor, is_tpu_device
-from lazytpu.frontend.windows import contiguous_strides, new_tensor, write_value
+from lazytpu.frontend.tensor import LazyTensor, contiguous_strides, is_tpu_device
+from lazytpu.frontend.windows import new_tensor, write_value
 
 aten = torch.ops.aten
 

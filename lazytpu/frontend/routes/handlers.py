@@ -17,8 +17,8 @@ from lazytpu.frontend import hostio
 from lazytpu.frontend.checks.overlap import check_overlap
 from lazytpu.frontend.record import DECOMPOSITIONS, check_with_meta, handles, record
 from lazytpu.frontend.routes.views import check_in_bounds, storage_nbytes
-from lazytpu.frontend.tensor import LazyTensor, describe
-from lazytpu.frontend.windows import contiguous_strides, new_tensor, rebind_metadata, view_of, write
+from lazytpu.frontend.tensor import LazyTensor, contiguous_strides, describe
+from lazytpu.frontend.windows import new_tensor, rebind_metadata, view_of, write
 from lazytpu.ir import Data, Failed, Output
 from lazytpu.ir.source import source_line
 from lazytpu.lowering import get_rule
