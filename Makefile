@@ -19,9 +19,11 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
-# The default run includes a fixed slice of the OpInfo sweep (tests/test_opinfo.py).
+# The default run includes a fixed slice of the OpInfo sweep (tests/test_opinfo.py). It runs in
+# TEST_WORKERS processes (pytest-xdist), a test file per worker at a time: 2 fits the 2-core CI machine.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --timeout=900 --durations=15 tests
+	$(BIN)/python -m pytest -q --timeout=900 --durations=15 -n $(TEST_WORKERS) --dist loadfile tests
 
 # The full OpInfo sweep: every op_db entry in every supported dtype, gradients, a strict-mode sample
 # (not run by CI: .ci/run runs `make test`).

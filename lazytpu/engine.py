@@ -93,9 +93,14 @@ RNG_AVAL = Aval((2,), torch.uint32)
 # is raised at the next host read, as a failed value check's is, never
 # inside the user's backward pass or ``optimizer.step()``.
 # ``LAZYTPU_STEP_SEGMENTS=0`` keeps one program per step. A call of a
-# compiled graph (Note [Graphs as nodes] in lazytpu.compile.fx_lowering)
-# never cuts: a step under ``torch.compile`` stays one program, as a
-# ``jax.jit`` step is, and its host work is too small to hide the device's.
+# compiled graph (Note [Graphs as nodes] in lazytpu.compile.fx_lowering) cuts
+# as an eager op does: a step under ``torch.compile`` whose loss is computed
+# in the graph has no eager op in its backward, so the backward graph's call
+# ends the forward's segment. Its host work (dynamo's guards, AOTAutograd's
+# wrappers, autograd, the optimizer) then hides the forward's device time:
+# interleaved, ``tpu_compile`` steps took 0.80-0.88x the time of one program
+# per step on mlp_b32, llama, gpt2 and bert, 0.98x on the transformer
+# workload, whose program dwarfs its host work.
 _graph_task = torch._C._current_graph_task_id
 
 

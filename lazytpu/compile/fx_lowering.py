@@ -404,6 +404,7 @@ class GraphProgram:
             values = [*values, *self._host_fn(*values)]
         bindings = self._bindings(values) if self.symbolic else {}
         graph = ctx.graph
+        ctx.note_task(ctx.lane())  # a backward graph's call ends the forward's segment (Note [Step segments])
         with graph.lock:
             parts, inputs = self._call_key(values, index)
             host = values[len(self.graph_inputs) :] if self._host_fn is not None else ()
