@@ -14,6 +14,7 @@ VARIANT_LABELS = {
     "cpu": "CPU eager",
     "compile": "torch.compile",
     "tpu_compile": "torch.compile tpu",
+    "tpu_compile_whole": "torch.compile tpu, one program",
     "jax": "jax.jit",
     "ideal": "ideal backend",
     "subclass": "forwarding subclass",
@@ -34,6 +35,7 @@ RATIOS = {
     "ideal/jax": ("ideal", "jax"),  # torch.compile's own host work + the jax.jit program: tpu_compile/jax's ceiling
     "tpu_compile/ideal": ("tpu_compile", "ideal"),  # what lazytpu adds over a backend that costs nothing
     "defer_whole/defer": ("defer_whole", "defer"),  # > 1: step segments pay (Note [Step segments])
+    "tpu_compile_whole/tpu_compile": ("tpu_compile_whole", "tpu_compile"),  # > 1: they pay for compiled steps too
     "defer/cpu": ("defer", "cpu"),  # <= 1.5 on the transformers workloads (issue 21)
     "subclass/cpu": ("subclass", "cpu"),  # an eager Python backend's floor: defer/cpu's ceiling
     "tpu_compile/cpu": ("tpu_compile", "cpu"),  # <= 1: the compiled step at or below CPU eager (issue 21)
@@ -353,7 +355,7 @@ def table(data: dict) -> str:
             notes.append(f"{name}: {c['compiled_in_pipelined']} compiles in the timed pipelined blocks")
         if c.get("loss_matches_cpu") is False:
             notes.append(f"{name}: step-0 loss {c['loss_first']} differs from CPU eager")
-        one_program = c["variant"] == "defer_whole" and c["workload"] != "record"
+        one_program = c["variant"] in ("defer_whole", "tpu_compile_whole") and c["workload"] != "record"
         programs = c.get("programs_per_step")
         if one_program and programs not in (None, 1.0):
             notes.append(f"{name}: {programs} programs per step (expected 1)")

@@ -207,11 +207,12 @@ class LazyCase(Case):
 
 class TpuCompileCase(LazyCase):
     """lazytpu in defer mode with the forward (+ its backward) and the optimizer step under
-    ``torch.compile(backend="tpu")``: each compiled graph is one node of the step's program."""
+    ``torch.compile(backend="tpu")``: each compiled graph is one node of the step's program
+    (in step segments; ``tpu_compile_whole``: one program per step, Note [Step segments])."""
 
     def setup(self) -> None:
         factory = W.WORKLOADS[self.workload][0]
-        with torch.tpu.set_eager_mode("defer"):
+        with self.around():
             self.w = factory("tpu", **self.kwargs)
             self.w.compile(functools.partial(torch.compile, backend="tpu"), optimizer=True)
             torch.tpu.synchronize()
@@ -219,7 +220,8 @@ class TpuCompileCase(LazyCase):
     @contextlib.contextmanager
     def around(self):
         with torch.tpu.set_eager_mode("defer"):
-            yield
+            with lazytpu._config.STEP_SEGMENTS.override(self.variant != "tpu_compile_whole"):
+                yield
 
 
 class JaxCase(Case):
@@ -271,7 +273,7 @@ class RecordCase(Case):
 
     def setup(self) -> None:
         self.n = self.kwargs["n_ops"]
-        if self.variant in ("compile", "tpu_compile", "jax", "ideal"):
+        if self.variant in ("compile", "tpu_compile", "tpu_compile_whole", "jax", "ideal"):
             raise NotApplicable("(d) measures per-op dispatch of eager torch code")
         if self.variant == "defer_whole":
             raise NotApplicable("(d) has no step to segment")
@@ -315,6 +317,7 @@ CASE_TYPES = {
     "cpu": TorchCase,
     "compile": TorchCase,
     "tpu_compile": TpuCompileCase,
+    "tpu_compile_whole": TpuCompileCase,
     "jax": JaxCase,
     "ideal": IdealCase,
     "subclass": TorchCase,
@@ -473,7 +476,7 @@ def _case_result(case: Case, warmup: int) -> dict[str, Any]:
             compiled_in_steady_state=case.compiled_steady,
             cpu_fallbacks=dict(+case.fallbacks),
         )
-        if case.variant in ("defer", "defer_whole", "strict", "tpu_compile") and case.steady_steps:
+        if case.variant in ("defer", "defer_whole", "strict", "tpu_compile", "tpu_compile_whole") and case.steady_steps:
             out["programs_per_step"] = case.executed_steady / case.steady_steps
     if case.block_times:
         out.update(

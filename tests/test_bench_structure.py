@@ -127,7 +127,7 @@ def test_suite_entry_point_smoke(tmp_path):
         "--no-chart",
         "--no-progress",
         "--variants",
-        "defer,defer_whole,cpu,jax,ideal,subclass",
+        "defer,defer_whole,cpu,jax,ideal,subclass,tpu_compile,tpu_compile_whole",
         "--workloads",
         "mlp_b32,record",
         "--pipeline",
@@ -152,6 +152,8 @@ def test_suite_entry_point_smoke(tmp_path):
     by_variant = {c["variant"]: c for c in mlp}
     assert by_variant["defer"]["programs_per_step"] == STEP_PROGRAMS  # Note [Step segments]
     assert by_variant["defer_whole"]["programs_per_step"] == 1
+    assert by_variant["tpu_compile"]["programs_per_step"] == STEP_PROGRAMS  # a compiled step is cut too
+    assert by_variant["tpu_compile_whole"]["programs_per_step"] == 1
     assert by_variant["subclass"]["loss_matches_cpu"] and data["ratios"]["mlp_b32"]["subclass/cpu"] > 0
     ratios = data["ratios"]["mlp_b32"]
     assert report._ceiling(ratios, "defer/cpu") == ratios["subclass/cpu"]  # Note [Ceilings]
