@@ -94,13 +94,9 @@ RNG_AVAL = Aval((2,), torch.uint32)
 # inside the user's backward pass or ``optimizer.step()``.
 # ``LAZYTPU_STEP_SEGMENTS=0`` keeps one program per step. A call of a
 # compiled graph (Note [Graphs as nodes] in lazytpu.compile.fx_lowering) cuts
-# as an eager op does: a step under ``torch.compile`` whose loss is computed
-# in the graph has no eager op in its backward, so the backward graph's call
-# ends the forward's segment. Its host work (dynamo's guards, AOTAutograd's
-# wrappers, autograd, the optimizer) then hides the forward's device time:
-# interleaved, ``tpu_compile`` steps took 0.80-0.88x the time of one program
-# per step on mlp_b32, llama, gpt2 and bert, 0.98x on the transformer
-# workload, whose program dwarfs its host work.
+# as an eager op does: the backward graph's call ends the forward's segment,
+# which then runs while dynamo's, AOTAutograd's and the optimizer's host work
+# goes on (``tpu_compile_whole/tpu_compile`` 1.11-1.28 in the benchmarks).
 _graph_task = torch._C._current_graph_task_id
 
 

@@ -7,8 +7,12 @@ import os
 import tempfile
 
 # A private compile cache per test session (tests must not depend on what an
-# earlier run left on disk); set before lazytpu reads its flags.
+# earlier run left on disk); set before lazytpu reads its flags. Each pytest-xdist
+# worker inherits the session's and takes a directory of its own in it: tests
+# count the entries on disk.
 os.environ.setdefault("LAZYTPU_CACHE_DIR", tempfile.mkdtemp(prefix="lazytpu-test-cache-"))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["LAZYTPU_CACHE_DIR"] = os.path.join(os.environ["LAZYTPU_CACHE_DIR"], os.environ["PYTEST_XDIST_WORKER"])
 
 import hypothesis
 import pytest
