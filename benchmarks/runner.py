@@ -476,7 +476,7 @@ def _case_result(case: Case, warmup: int) -> dict[str, Any]:
             compiled_in_steady_state=case.compiled_steady,
             cpu_fallbacks=dict(+case.fallbacks),
         )
-        if case.variant in ("defer", "defer_whole", "strict", "tpu_compile", "tpu_compile_whole") and case.steady_steps:
+        if isinstance(case, LazyCase) and case.steady_steps:
             out["programs_per_step"] = case.executed_steady / case.steady_steps
     if case.block_times:
         out.update(

@@ -290,8 +290,8 @@ class DeviceContext:
         one by one): a flush then could donate a buffer that output still
         needs (Note [Donation]). The op flushes once all are bound.
         ``task=False`` where the op's autograd graph task was noted before it
-        read its inputs (``record``), or must not cut a step (a compiled
-        graph's call): Note [Step segments].
+        read its inputs (``record``, a compiled graph's call): Note [Step
+        segments].
         """
         lane = lane or self.lane()  # the calling thread's (record passes the one it found)
         lane.graph.recorded_ops += 1

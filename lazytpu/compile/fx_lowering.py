@@ -403,8 +403,9 @@ class GraphProgram:
         if self._host_fn is not None:  # Note [Host nodes]
             values = [*values, *self._host_fn(*values)]
         bindings = self._bindings(values) if self.symbolic else {}
-        graph = ctx.graph
-        ctx.note_task(ctx.lane())  # a backward graph's call ends the forward's segment (Note [Step segments])
+        lane = ctx.lane()
+        graph = lane.graph
+        ctx.note_task(lane)  # a backward graph's call ends the forward's segment (Note [Step segments])
         with graph.lock:
             parts, inputs = self._call_key(values, index)
             host = values[len(self.graph_inputs) :] if self._host_fn is not None else ()
@@ -437,7 +438,7 @@ class GraphProgram:
                     t._lt_storage.bind(Output(node, k), graph)  # write_value's fast path
                 else:
                     write_value(t, Output(node, k))
-            ctx.recorded(node, task=False)  # strict mode runs it now; never a step's cut (Note [Step segments])
+            ctx.recorded(node, task=False, lane=lane)  # strict mode runs it now; its task was noted above
         if copies:
             with torch.no_grad():
                 for t, value in copies:
