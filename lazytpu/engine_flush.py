@@ -35,11 +35,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import attrs
+import numpy as np
 import torch
 
-from lazytpu import runtime
+from lazytpu import _caches, metrics, runtime
 from lazytpu.fusion import FailedInput, build_program, op_node, split_roots
-from lazytpu.ir import Aval, Data, Output
+from lazytpu.ir import Aval, Data, Output, Scalar
 
 
 def run(ctx, roots: list, runner, first: bool = True) -> tuple[dict, dict]:
@@ -83,6 +84,76 @@ def run(ctx, roots: list, runner, first: bool = True) -> tuple[dict, dict]:
         more_done, more_failed = run(ctx, distinct[half:], runner, first=False)
         return done | more_done, failed | more_failed
     return {r: Data(buf, r.aval) for r, buf in zip(distinct, outs)}, {}
+
+
+# Note [Constant reads]: a host read of a pending value that depends on no
+# device buffer, whose ops read nothing but Python numbers (a mask made from
+# ``torch.arange``, which transformers' ``find_packed_sequence_indices`` reads
+# in every Llama and GPT-2 forward), is a function of its program's key and
+# numbers alone. It is computed once, alone, and its small host value kept by
+# that key (``constant_value``); a later read of the same computation runs no
+# program and leaves its lane pending, so the ops recorded before it stay in
+# the step's program instead of being cut off into a program of their own.
+# Values that a deferred or value check guards, and a lane with a collective
+# pending, take the usual path: a flush of the lane.
+_CONSTANT_READS = _caches.memo("constant_reads", limit=256)
+_CONSTANT_OPS = 256  # the most ops a constant read walks and computes
+_CONSTANT_BYTES = 4096  # the largest value kept
+
+
+def constant_value(ctx, lane, root: Output) -> np.ndarray | None:
+    """The host value of the pending ``root`` of ``lane`` if it is a constant
+    read (Note [Constant reads]), computed once per program key and numbers;
+    else None: the caller flushes the lane."""
+    if root.aval.nbytes > _CONSTANT_BYTES or lane.collective_runner is not None:
+        return None
+    with ctx.lock:
+        nodes = _constant_nodes(root.node)
+        if (
+            nodes is None
+            or any(id(g.node) in nodes for check in lane.checks for g in check.guards)
+            or any(id(pending.node) in nodes for pending in lane.value_checks)
+        ):
+            return None
+        program, inputs, _ = build_program([root])
+        key = (program.key, tuple(map(_exact, inputs)), torch.get_float32_matmul_precision(), ctx.index)
+        value = _CONSTANT_READS.get(key)
+        if value is None:
+            results, failures = run(ctx, [root], runtime.execute)
+            if failures:  # the lane's flush raises it, where it belongs
+                return None
+            value = np.array(runtime.to_host(results[root].buffer), copy=True)
+            value.flags.writeable = False
+            _CONSTANT_READS[key] = value
+    metrics.add("constant_reads")
+    return value
+
+
+def _constant_nodes(node) -> set[int] | None:
+    """The ids of the nodes ``node`` depends on, if none reads a device
+    buffer (or a failed value) and they are few; else None."""
+    seen, todo = {id(node)}, [node]
+    while todo:
+        for v in todo.pop().inputs:
+            kind = type(v)
+            if kind is Output:
+                if id(v.node) not in seen:
+                    if len(seen) >= _CONSTANT_OPS:
+                        return None
+                    seen.add(id(v.node))
+                    todo.append(v.node)
+            elif kind is not Scalar:
+                return None
+    return seen
+
+
+def _exact(number) -> tuple:
+    """A lifted number as a key that tells ``0.0`` from ``-0.0`` and ``1`` from ``True``."""
+    if type(number) is float:
+        return float, number.hex()
+    if type(number) is complex:
+        return complex, number.real.hex(), number.imag.hex()
+    return type(number), number
 
 
 def without(ctx, roots: list, culprits: list, error: BaseException, runner) -> tuple[dict, dict]:

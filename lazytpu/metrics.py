@@ -27,6 +27,7 @@ _COUNTERS = (
     "disk_cache_misses",
     "bytes_to_device",
     "bytes_from_device",
+    "constant_reads",
 )
 _TIMERS = ("compile_seconds", "execute_seconds")
 _BY_KEY = ("syncs", "cpu_fallbacks", "recompile_reasons")

@@ -658,8 +658,8 @@ def _section_placement(rank, world):
     import jax
     import torch
 
-    for index in range(3):  # the same program on three devices
-        y = torch.arange(4.0, device=f"tpu:{index}") * 3
+    for index in range(3):  # the same program on three devices (of a device buffer: Note [Constant reads])
+        y = torch.arange(4.0).to(f"tpu:{index}") * 3
         y.cpu()
         assert y._lt_storage.value.buffer.devices() == {jax.local_devices()[index]}, (index, y._lt_storage.value)
 

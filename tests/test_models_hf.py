@@ -259,3 +259,35 @@ def test_static_cache_generation_compiles_the_model_twice(tmp_path):
     # the prefill, and one decode step for all 19 steps (Note [Generation programs])
     prefill, decode = _compiled(tmp_path / "static")
     assert prefill <= 1 and decode == 1
+
+
+def test_a_llama_step_without_a_mask_is_three_programs():
+    """With no attention mask, transformers reads a mask made from
+    ``torch.arange`` in every forward (``find_packed_sequence_indices``): a
+    constant read (Note [Constant reads] in lazytpu/engine_flush.py), so the
+    forward is not cut there and a step is its three segments (Note [Step
+    segments] in lazytpu/engine.py), with CPU's losses."""
+    model = llama()
+    ids = _batch()["input_ids"]
+    losses = {}
+    for device in ("cpu", "tpu"):
+        m = copy.deepcopy(model).to(device)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        x, per_step = ids.to(device), []
+        for _ in range(4):
+            before = lazytpu.metrics.snapshot()
+            opt.zero_grad()
+            loss = m(input_ids=x, labels=x, use_cache=False).loss
+            loss.backward()
+            opt.step()
+            losses.setdefault(device, []).append(loss.item())
+            after = lazytpu.metrics.snapshot()
+            per_step.append(
+                (
+                    after["programs_executed"] - before["programs_executed"],
+                    after["constant_reads"] - before["constant_reads"],
+                )
+            )
+        if device == "tpu":
+            assert per_step[2:] == [(3, 1), (3, 1)]  # steady state: the segments, and the forward's read
+    torch.testing.assert_close(losses["tpu"], losses["cpu"], rtol=1e-4, atol=0)

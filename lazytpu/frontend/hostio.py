@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
-from lazytpu import _caches, runtime
+from lazytpu import _caches, engine_flush, runtime
 from lazytpu.engine import context
 from lazytpu.frontend.tensor import DeviceStorage, LazyTensor, describe, device_storage, tag_storage, tpu_device
 from lazytpu.frontend.windows import new_tensor, view_dtype
@@ -56,11 +56,16 @@ def _host_base(t, reason: str) -> torch.Tensor:
     dtype the storage holds (Note [Dtype views]; computed first if pending)."""
     storage = t._lt_storage
     ctx = context(t.device.index or 0)
+    array = None
     if isinstance(storage.value, Output):
-        ctx.flush(reason, lane=ctx.lane_of(storage))  # the lane of the thread that computes it (Note [Lanes])
-    if isinstance(storage.value, Failed):
-        raise RuntimeError(f"lazytpu: this tensor's value could not be computed: {storage.value.error}")
-    array = runtime.to_host(storage.value.buffer)
+        lane = ctx.lane_of(storage)  # the lane of the thread that computes it (Note [Lanes])
+        array = engine_flush.constant_value(ctx, lane, storage.value)  # Note [Constant reads]
+        if array is None:
+            ctx.flush(reason, lane=lane)
+    if array is None:
+        if isinstance(storage.value, Failed):
+            raise RuntimeError(f"lazytpu: this tensor's value could not be computed: {storage.value.error}")
+        array = runtime.to_host(storage.value.buffer)
     ctx.read_value_checks()  # now that the read has waited for its program (Note [Value checks])
     dtype = t.dtype if view_dtype(t) is None else storage.value.aval.dtype  # Note [Dtype views]
     bits = _BITS.get(dtype)
