@@ -97,6 +97,18 @@ def test_steps_entry_point_smoke():
     assert all(p >= 0 for p in phases[1:]) and sum(phases) == pytest.approx(float(values["phased"]), abs=0.05)
 
 
+@pytest.mark.parametrize("switch", ["constant_reads", "segments"])
+def test_ab_entry_point_smoke(switch):
+    """``python -m benchmarks.ab`` times a workload with a mechanism on and off, interleaved."""
+    cmd = [sys.executable, "-m", "benchmarks.ab", "--switch", switch, "--workloads", "mlp_b32", "--steps", "2"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = next(line.split() for line in proc.stdout.splitlines() if line.startswith("mlp_b32"))
+    on, off, ratio, on_cpu, off_cpu, cpu_ratio = (float(v) for v in row[1:] if v != "|")
+    assert on > 0 and off > 0 and on_cpu > 0 and off_cpu > 0
+    assert ratio == pytest.approx(off / on, rel=0.01) and cpu_ratio == pytest.approx(off_cpu / on_cpu, rel=0.01)
+
+
 def test_recording_hits_the_cache():
     x = torch.randn(16).to("tpu")
     with torch.tpu.set_eager_mode("defer"):
