@@ -34,7 +34,7 @@ def _constant_reads_off():
     from lazytpu import engine_flush  # noqa: PLC0415
 
     real = engine_flush.constant_value
-    engine_flush.constant_value = lambda ctx, lane, root: None
+    engine_flush.constant_value = lambda ctx, lane, storage: None
     try:
         yield
     finally:

@@ -90,8 +90,11 @@ def run(ctx, roots: list, runner, first: bool = True) -> tuple[dict, dict]:
 # device buffer, whose ops read nothing but Python numbers (a mask made from
 # ``torch.arange``, which transformers' ``find_packed_sequence_indices`` reads
 # in every Llama and GPT-2 forward), is a function of its program's key and
-# numbers alone. It is computed once, alone, and its small host value kept by
-# that key (``constant_value``); a later read of the same computation runs no
+# numbers alone. The first read computes it alone and binds its storage to
+# the result, as a flush would (so a value that keeps changing between reads,
+# a counter's ``add_``, reads its last result instead of growing a chain
+# whose every length is a new program); its small host value is kept by that
+# key (``constant_value``). A later read of the same computation runs no
 # program and leaves its lane pending, so the ops recorded before it stay in
 # the step's program instead of being cut off into a program of their own.
 # Values that a deferred or value check guards, and a lane with a collective
@@ -101,10 +104,11 @@ _CONSTANT_OPS = 256  # the most ops a constant read walks and computes
 _CONSTANT_BYTES = 4096  # the largest value kept
 
 
-def constant_value(ctx, lane, root: Output) -> np.ndarray | None:
-    """The host value of the pending ``root`` of ``lane`` if it is a constant
-    read (Note [Constant reads]), computed once per program key and numbers;
-    else None: the caller flushes the lane."""
+def constant_value(ctx, lane, storage) -> np.ndarray | None:
+    """The host value of ``storage``'s pending value (in ``lane``) if it is a
+    constant read (Note [Constant reads]), computed once per program key and
+    numbers; else None: the caller flushes the lane."""
+    root = storage.value
     if root.aval.nbytes > _CONSTANT_BYTES or lane.collective_runner is not None:
         return None
     with ctx.lock:
@@ -122,7 +126,8 @@ def constant_value(ctx, lane, root: Output) -> np.ndarray | None:
             results, failures = run(ctx, [root], runtime.execute)
             if failures:  # the lane's flush raises it, where it belongs
                 return None
-            value = np.array(runtime.to_host(results[root].buffer), copy=True)
+            storage.value = results[root]  # computed, as a flush binds it
+            value = np.array(runtime.to_host(storage.value.buffer), copy=True)
             value.flags.writeable = False
             _CONSTANT_READS[key] = value
     metrics.add("constant_reads")

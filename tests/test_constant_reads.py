@@ -67,3 +67,18 @@ def test_zero_and_negative_zero_are_two_values():
     for value in (0.0, -0.0, 0.0, -0.0):
         got = torch.full((2,), value, device="tpu").tolist()
         assert [repr(v) for v in got] == [repr(value)] * 2
+
+
+def test_a_counter_read_every_step_compiles_a_few_programs():
+    """A value that changes between reads (``add_`` on a tensor made from
+    numbers) is bound to its result at its read, as a flush binds it: the next
+    ``add_`` reads that result, instead of a chain one op longer each time
+    (a new program at every read)."""
+    lazytpu.sync()
+    lazytpu.metrics.reset()
+    count = torch.zeros((), device="tpu")
+    for i in range(20):
+        count.add_(1)
+        assert count.item() == i + 1
+    assert _snap()["programs_compiled"] <= 3
+    assert _snap()["programs_executed"] == 20

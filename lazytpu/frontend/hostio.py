@@ -59,7 +59,7 @@ def _host_base(t, reason: str) -> torch.Tensor:
     array = None
     if isinstance(storage.value, Output):
         lane = ctx.lane_of(storage)  # the lane of the thread that computes it (Note [Lanes])
-        array = engine_flush.constant_value(ctx, lane, storage.value)  # Note [Constant reads]
+        array = engine_flush.constant_value(ctx, lane, storage)  # Note [Constant reads]
         if array is None:
             ctx.flush(reason, lane=lane)
     if array is None:
