@@ -108,10 +108,12 @@ def constant_value(ctx, lane, storage) -> np.ndarray | None:
     """The host value of ``storage``'s pending value (in ``lane``) if it is a
     constant read (Note [Constant reads]), computed once per program key and
     numbers; else None: the caller flushes the lane."""
-    root = storage.value
-    if root.aval.nbytes > _CONSTANT_BYTES or lane.collective_runner is not None:
+    if lane.collective_runner is not None:
         return None
     with ctx.lock:
+        root = storage.value
+        if type(root) is not Output or root.aval.nbytes > _CONSTANT_BYTES:
+            return None
         nodes = _constant_nodes(root.node)
         if (
             nodes is None
