@@ -272,7 +272,8 @@ def _record(batch: _Batch, values: list):
         return None
     ctx = context(index)
     op, spec, out_avals = batch.sig.static
-    with ctx.graph.lock:
+    graph = ctx.graph
+    with graph.lock:
         inputs = []
         for r in batch.recipe:
             v = values[r]
@@ -285,10 +286,13 @@ def _record(batch: _Batch, values: list):
         k = 0
         if batch.targets is not None:
             for t in batch.targets:
-                write_value(values[t], Output(node, k))  # never flushes: recorded() below does
+                target = values[t]
+                if target._lt_windowed:
+                    write_value(target, Output(node, k))  # never flushes: recorded() below does
+                else:  # write_value's own path, with the graph found once
+                    target._lt_storage.bind(Output(node, k), graph)
                 k += 1
         else:
-            graph = ctx.graph
             for plan in batch.plans:
                 outs = [
                     LazyTensor(Storage(Output(node, k + i), graph, d.stride), d, True) for i, d in enumerate(plan.descs)
