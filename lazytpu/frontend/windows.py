@@ -105,21 +105,23 @@ def write(t: LazyTensor, src: LazyTensor) -> None:
         context(t._lt_storage.graph.index).flush_if_due()
 
 
-def write_value(t: LazyTensor, value) -> None:
-    """Make ``t`` hold the IR ``value`` (already of ``t``'s shape and dtype).
+def write_value(t: LazyTensor, value, graph=None) -> None:
+    """Make ``t`` hold the IR ``value`` (already of ``t``'s shape and dtype),
+    recorded in ``graph`` (default: the calling thread's; an op writing many
+    targets passes the one it found).
 
     Never flushes: an op binding several outputs flushes once all are bound
     (``recorded``; Note [Donation]).
     """
     storage = t._lt_storage
-    ctx = context(storage.graph.index)
     if not t._lt_windowed:
-        storage.bind(value, ctx.graph)
+        storage.bind(value, graph or context(storage.graph.index).graph)
         return
+    ctx = context(storage.graph.index)
     with ctx.lock:
         template, avals, sig = _window_plan(VIEW_WRITE, t)
         node = Node(VIEW_WRITE, template, (storage.value, value), avals, None, sig)
-        storage.bind(Output(node, 0), ctx.graph)
+        storage.bind(Output(node, 0), graph or ctx.graph)
         # a window sharing locations reads back what the write resolved, not ``value`` (Note [Overlapping writes])
         t._lt_cache = None if overlaps_itself(t._lt_desc.shape, t._lt_desc.stride) else (storage.value, value)
         ctx.recorded(node, flush=False)

@@ -286,11 +286,7 @@ def _record(batch: _Batch, values: list):
         k = 0
         if batch.targets is not None:
             for t in batch.targets:
-                target = values[t]
-                if target._lt_windowed:
-                    write_value(target, Output(node, k))  # never flushes: recorded() below does
-                else:  # write_value's own path, with the graph found once
-                    target._lt_storage.bind(Output(node, k), graph)
+                write_value(values[t], Output(node, k), graph)  # never flushes: recorded() below does
                 k += 1
         else:
             for plan in batch.plans:
