@@ -263,3 +263,17 @@ def test_device_check_script_names_what_the_suite_has():
     for step_workloads in re.findall(r"benchmarks.steps --workloads ([\w,]+)", text):
         assert set(step_workloads.split(",")) <= set(steps.TRAINING)
     assert set(modes.split()) <= {"defer", "defer_whole", "strict"}
+
+
+def test_phases_entry_point_smoke():
+    """``python -m benchmarks.phases`` splits a step's wall time at its forward hook and optimizer
+    step, for lazytpu and the forwarding floor, interleaved."""
+    cmd = [sys.executable, "-m", "benchmarks.phases", "--workloads", "transformer", "--steps", "2"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {line.split()[0]: [float(v) for v in line.split()[1:]] for line in proc.stdout.splitlines()[2:]}
+    for variant in ("defer", "subclass", "cpu"):
+        *phases, step = rows[variant]
+        assert len(phases) == 4 and all(p > 0 for p in phases) and step == pytest.approx(sum(phases), abs=0.01)
+    *ratios, step_ratio = rows["defer/subclass"]
+    assert step_ratio == pytest.approx(rows["defer"][-1] / rows["subclass"][-1], rel=0.01)
