@@ -400,7 +400,7 @@ class DeviceContext:
             elif lane not in STEPS_DUE:
                 STEPS_DUE[lane] = self
 
-    def flush(self, reason: str, count: bool = True, lane: Lane | None = None, quiet: bool = False) -> tuple:
+    def flush(self, reason: str, count: bool = True, lane: Lane | None = None, quiet: bool = False) -> None:
         """Materialize every live pending value of ``lane`` (default: the
         calling thread's, Note [Lanes]) in one program, in the steps of Note
         [Flush steps] in lazytpu.engine_flush.
@@ -408,16 +408,12 @@ class DeviceContext:
         ``count=False`` for a step boundary's flush, counted at the boundary.
         ``quiet=True`` for a step segment's: a failure is raised at the
         lane's next host read instead (Note [Step segments]).
-
-        Returns:
-            The program's output buffers (still computing: dispatch is
-            asynchronous), or ``()`` when nothing was pending.
         """
         with self.lock:
             lane = lane or self.lane()
             roots, runner = self.collect(lane, reason, count)
             if not roots:
-                return ()
+                return
             if lane.computed_checks:  # let go of the value checks computed since (Note [Value checks])
                 self._read_value_checks(lane)
             results, failures = engine_flush.run(self, roots, runner)
@@ -426,7 +422,6 @@ class DeviceContext:
                 lane.check_errors.append(errors[0].with_traceback(None))
             elif errors:  # the first failure, once: every value it reached keeps it
                 raise errors[0].with_traceback(None)
-            return tuple(d.buffer for d in results.values())
 
     def collect(self, lane: Lane, reason: str, count: bool) -> tuple[list, Callable]:
         """Step 1 of a flush of ``lane`` (Note [Flush steps]): the pending

@@ -72,6 +72,11 @@ def _transformer_setup():
 @pytest.mark.parametrize("setup", [_mlp_setup, _transformer_setup], ids=["mlp", "transformer"])
 @pytest.mark.parametrize("read_loss", [True, False], ids=["item", "no_item"])
 def test_compiles_nothing_after_warmup(setup, read_loss):
+    # Start from no compiled program and no specialization (a test that ran the same model before
+    # would have done this warm-up already): step 1 makes AdamW's state, step 2 is the first
+    # update of the steady structure, with its numbers compiled in; step 3 lifts those that
+    # changed (the learning rate, the bias corrections: Note [Scalar specialization]).
+    lazytpu.runtime.clear_caches()
     torch.manual_seed(0)
     model, loss_fn = setup()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -89,7 +94,7 @@ def test_compiles_nothing_after_warmup(setup, read_loss):
         after = lazytpu.metrics.snapshot()
         compiled.append(after["programs_compiled"] - before["programs_compiled"])
         executed.append(after["programs_executed"] - before["programs_executed"])
-    assert compiled[3:] == [0] * 5, compiled
+    assert compiled[4:] == [0] * 4, compiled
     assert executed[3:] == [STEP_PROGRAMS] * 5, executed  # the step's programs (Note [Step segments])
     assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {}
 

@@ -32,15 +32,20 @@ class Program:
     whose program is already compiled needs only the key and the inputs.
     """
 
-    __slots__ = ("key", "input_kinds", "outputs", "_nodes", "_parts", "_ops")
+    __slots__ = ("key", "input_kinds", "_codes", "_nodes", "_parts", "_ops")
 
     def __init__(self, key: tuple, nodes: list, parts: tuple, input_kinds: tuple, outputs: tuple) -> None:
         self.key = key
         # Aval for buffers, float/int/complex for lifted numbers, Constant for those compiled in
         # (Note [Scalar specialization] in lazytpu.fusion.specialize)
         self.input_kinds = input_kinds
-        self.outputs = tuple(_decode(code) for code in outputs)
+        self._codes = outputs  # Note [Flat program keys]: decoded by ``outputs``, when needed
         self._nodes, self._parts, self._ops = nodes, parts, None
+
+    @property
+    def outputs(self) -> tuple[Ref, ...]:
+        """The outputs' refs, in order."""
+        return tuple(_decode(code) for code in self._codes)
 
     @property
     def ops(self) -> tuple[ProgramOp, ...]:
