@@ -132,14 +132,20 @@ class PendingGraph:
         return self.recorded_ops - self.synced_ops
 
     def pending_storages(self) -> list[Storage]:
-        """Live storages that hold pending values now, each once, in order."""
+        """Live storages that hold pending values now, each once, in order
+        (and prune the entries of the others: a flush lists them twice, for
+        its roots and to bind its results; a repeated entry stays, it says
+        when its storage last became pending)."""
         seen: set[int] = set()
-        out = []
+        out, refs = [], []
         for ref in self.pending:
             s = ref()
-            if s is not None and type(s.value) is Output and id(s) not in seen:
-                seen.add(id(s))
-                out.append(s)
+            if s is not None and type(s.value) is Output:
+                refs.append(ref)
+                if id(s) not in seen:
+                    seen.add(id(s))
+                    out.append(s)
+        self.pending = refs
         return out
 
     def roots(self) -> list[Output]:
