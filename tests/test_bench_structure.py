@@ -276,4 +276,4 @@ def test_phases_entry_point_smoke():
         *phases, step = rows[variant]
         assert len(phases) == 4 and all(p > 0 for p in phases) and step == pytest.approx(sum(phases), abs=0.01)
     *ratios, step_ratio = rows["defer/subclass"]
-    assert step_ratio == pytest.approx(rows["defer"][-1] / rows["subclass"][-1], rel=0.01)
+    assert step_ratio == pytest.approx(rows["defer"][-1] / rows["subclass"][-1], abs=0.006)  # printed to 2 places
