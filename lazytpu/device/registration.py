@@ -75,15 +75,18 @@ def _arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_mem
 
 
 def _optimizer_devices(optimizer) -> list[int]:
-    """The indices of the tpu devices of ``optimizer``'s parameters: their
-    storages' (Note [Device index] in frontend/tensor; ``p.device`` makes a
-    ``torch.device`` per call: 1.3 us a parameter, twice a step)."""
+    """The indices of the tpu devices of ``optimizer``'s parameters: a tpu
+    tensor's storage's (Note [Device index] in frontend/tensor; ``p.device``
+    makes a ``torch.device`` per call, 1.3 us a parameter, twice a step), else
+    its device's (a DTensor's, whose local shard is on tpu)."""
     found = set()
     for group in optimizer.param_groups:
         for p in group["params"]:
             storage = getattr(p, "_lt_storage", None)
             if storage is not None:
                 found.add(storage.graph.index)
+            elif p.device.type == "tpu":
+                found.add(p.device.index or 0)
     return sorted(found)
 
 
