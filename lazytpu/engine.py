@@ -443,7 +443,7 @@ class DeviceContext:
         self.fold_metrics()
         if STEPS_DUE:
             STEPS_DUE.pop(lane, None)
-        roots = graph.roots()
+        roots = graph.roots(prune=True)
         if count:
             metrics.count("syncs", reason)
         runner, lane.collective_runner = lane.collective_runner or runtime.execute, None

@@ -131,11 +131,11 @@ class PendingGraph:
         """The ops recorded since the last sync (the graph cap bounds them)."""
         return self.recorded_ops - self.synced_ops
 
-    def pending_storages(self) -> list[Storage]:
-        """Live storages that hold pending values now, each once, in order
-        (and prune the entries of the others: a flush lists them twice, for
-        its roots and to bind its results; a repeated entry stays, it says
-        when its storage last became pending)."""
+    def pending_storages(self, prune: bool = False) -> list[Storage]:
+        """Live storages that hold pending values now, each once, in order.
+        ``prune``: also drop the entries of the others (a flush lists them
+        twice, for its roots and to bind its results, then clears them all;
+        a repeated entry stays, it says when its storage last became pending)."""
         seen: set[int] = set()
         out, refs = [], []
         for ref in self.pending:
@@ -145,12 +145,14 @@ class PendingGraph:
                 if id(s) not in seen:
                     seen.add(id(s))
                     out.append(s)
-        self.pending = refs
+        if prune:
+            self.pending = refs
         return out
 
-    def roots(self) -> list[Output]:
-        """Every pending value a sync must materialize (rng included)."""
-        outs = [s.value for s in self.pending_storages()]
+    def roots(self, prune: bool = False) -> list[Output]:
+        """Every pending value a sync must materialize (rng included);
+        ``prune``: a flush's (``pending_storages``)."""
+        outs = [s.value for s in self.pending_storages(prune)]
         if isinstance(self.rng, Output):
             outs.append(self.rng)
         return outs
