@@ -50,9 +50,8 @@ class _Marks:
         self.times.append(time.perf_counter())
 
 
-def _timed_step(workload, marks: _Marks, mode: str) -> list[float] | None:
-    """One step of ``workload``: the wall seconds of each of ``PHASES``, or
-    None when a hook did not fire exactly once (a step of another shape)."""
+def _timed_step(workload, marks: _Marks, mode: str) -> list[float]:
+    """One step of ``workload``: the wall seconds of each of ``PHASES``."""
     import torch
 
     with torch.tpu.set_eager_mode("strict" if mode == "strict" else "defer"):
@@ -61,7 +60,7 @@ def _timed_step(workload, marks: _Marks, mode: str) -> list[float] | None:
         workload.step().item()
         end = time.perf_counter()
     if len(marks.times) != 3:
-        return None
+        raise RuntimeError(f"{workload.name}: a step did not run its forward hook and optimizer step once each")
     points = [start, *marks.times, end]
     return [b - a for a, b in zip(points, points[1:])]
 
@@ -83,8 +82,6 @@ def measure(name: str, variants: list[str], steps: int, warmup: int = 6) -> dict
         for i in range(warmup + steps):
             for v in variants if i % 2 else variants[::-1]:
                 phases = _timed_step(built[v], marks, v)
-                if phases is None:
-                    raise RuntimeError(f"{name}: a step did not run its forward hook and optimizer step once each")
                 if i >= warmup:
                     runs[v].append(phases)
     finally:

@@ -141,7 +141,8 @@ class PendingGraph:
         for ref in self.pending:
             s = ref()
             if s is not None and type(s.value) is Output:
-                refs.append(ref)
+                if prune:
+                    refs.append(ref)
                 if id(s) not in seen:
                     seen.add(id(s))
                     out.append(s)
