@@ -116,9 +116,45 @@ def describe(shape, stride, offset: int, storage_numel: int, dtype: torch.dtype)
 
 # The instance attributes that make up a LazyTensor's value (the rest of its
 # ``__dict__`` is the user's, or torch's ``_is_param`` mark).
-REPRESENTATION = ("_lt_storage", "_lt_desc", "_lt_windowed", "_lt_cache")
+REPRESENTATION = ("_lt_storage", "_lt_desc", "_lt_windowed", "_lt_cache", "_lt_bits")
 _NOT_USER_STATE = frozenset(REPRESENTATION) | {"_is_param"}
 _TENSOR_DATA = torch._C.TensorBase.data
+
+# Note [Math bits]: CPU torch's ``conj()`` of a complex tensor is a view with
+# the conjugate bit set, and ``.imag`` of such a view one with the negative
+# bit: its values are the conjugate (the negation) of its base's, read and
+# written through it. A tpu tensor keeps its bits in ``_lt_bits`` (CONJ,
+# NEG), set with torch's own by ``with_math_bits``, and is always a window
+# (``_lt_windowed``): reading it applies the bits after the window
+# (``lazytpu.lowering.strided.view_read``), writing it applies them before
+# (``view_write``), so every op that reads or writes through ``read`` and
+# ``write`` sees the logical values. torch's Conjugate and Negative fallbacks
+# resolve a tensor with a bit by ``clone`` before any op that is not listed
+# as handling the bits itself; the views of a tensor with bits carry its bits
+# (``lazytpu.frontend.routes.views``), as torch's view kernels carry them in
+# the dispatch key set.
+CONJ, NEG = 1, 2
+
+
+def with_math_bits(t: LazyTensor, bits: int) -> LazyTensor:
+    """``t`` with the math bits ``bits`` (Note [Math bits]); a tensor with
+    none keeps its window."""
+    if bits or t._lt_bits:
+        if bits:
+            t._lt_bits = bits
+            t._lt_windowed = True
+        else:
+            del t._lt_bits
+        t._lt_cache = None
+        torch._C._set_conj(t, bool(bits & CONJ))
+        torch._C._set_neg(t, bool(bits & NEG))
+    return t
+
+
+def alias(t: LazyTensor) -> LazyTensor:
+    """A new tensor on ``t``'s storage, window and math bits."""
+    return with_math_bits(LazyTensor(t._lt_storage, t._lt_desc, not t._lt_windowed), t._lt_bits)
+
 
 # Note [Deep copies]: ``copy.deepcopy`` of a tpu tensor copies its storage
 # once per ``deepcopy`` call (the memo is keyed by the storage, as torch keys
@@ -239,7 +275,7 @@ def _plain(tree):
     """``tree`` with each tensor of a subclass of ``LazyTensor`` replaced by a
     ``LazyTensor`` on its storage (the routes take exactly ``LazyTensor``)."""
     if isinstance(tree, LazyTensor) and type(tree) is not LazyTensor:
-        return LazyTensor(tree._lt_storage, tree._lt_desc, not tree._lt_windowed)
+        return alias(tree)
     if type(tree) in (tuple, list):
         return type(tree)(_plain(x) for x in tree)
     if type(tree) is dict:
@@ -260,6 +296,7 @@ class LazyTensor(torch.Tensor):
     _lt_desc: TensorDesc
     _lt_windowed: bool = False  # whether ``_lt_desc`` is a window on the storage, not its base layout
     _lt_cache: tuple | None = None  # (storage value, value read through the window)
+    _lt_bits: int = 0  # CONJ | NEG (Note [Math bits])
 
     @staticmethod
     def __new__(cls, storage, desc: TensorDesc, is_base: bool | None = None):
@@ -304,13 +341,19 @@ class LazyTensor(torch.Tensor):
         # dtype but knows nothing of the Python-side value, so ``t.data =
         # new`` (also ``Module._apply``'s in-place conversion, e.g. ``.half()``
         # of a tpu model) takes ``new``'s storage and window too.
-        _TENSOR_DATA.__set__(self, new)
+        # torch refuses ``set_data`` between tensors of other dispatch keys: the
+        # math bits (Note [Math bits]) are cleared around it, then set as ``new``'s
+        if self._lt_bits:
+            with_math_bits(self, 0)
+        bits = getattr(new, "_lt_bits", 0)
+        _TENSOR_DATA.__set__(self, new if not bits else LazyTensor(new._lt_storage, new._lt_desc, False))
         own = vars(self)
         for name in REPRESENTATION:
             if name in vars(new):
                 own[name] = getattr(new, name)
             else:
                 own.pop(name, None)
+        with_math_bits(self, bits)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -349,6 +392,10 @@ class LazyTensor(torch.Tensor):
         if entry is None:
             memo[id(storage)] = entry = (storage, _copied_storage(storage))  # holding it keeps its id from reuse
         new = LazyTensor(entry[1], self._lt_desc, not self._lt_windowed)
+        if self._lt_bits & CONJ:  # as torch's Tensor.__deepcopy__: the copy's values, without the bits
+            new = torch.ops.aten.conj_physical.default(new)
+        if self._lt_bits & NEG:
+            new = torch.ops.aten.neg.default(new)
         if self.requires_grad:
             new.requires_grad_()
         if self.grad is not None:
@@ -397,13 +444,16 @@ class LazyTensor(torch.Tensor):
         sharing that storage with the tensors saved with it as on CPU (Note
         [Checkpoint storages] in frontend/hostio). A Parameter is rebuilt as
         one, with its attributes, as ``Parameter.__reduce_ex__`` does (hooks
-        are not saved)."""
+        are not saved). A tensor with math bits is saved as its values: CPU
+        torch keeps the bits and the sharing with its base."""
         if vars(self).get("_is_param"):
             state = user_state(self)
             data = (self.detach(), self.requires_grad, OrderedDict())
             if not state:
                 return torch._utils._rebuild_parameter, data
             return torch._utils._rebuild_parameter_with_state, (*data, state)
+        if self._lt_bits:  # saved as its values (Note [Math bits]), not as a window with bits on its base's storage
+            return torch.ops.aten.clone.default(self).__reduce_ex__(protocol)
         memory = torch.storage.TypedStorage(wrap_storage=BACKEND.saved_storage(self), dtype=self.dtype, _internal=True)
         args = (memory, self.storage_offset(), tuple(self.shape), self.stride(), self.requires_grad, OrderedDict())
         return torch._utils._rebuild_tensor_v2, args
@@ -411,7 +461,7 @@ class LazyTensor(torch.Tensor):
     def __copy__(self):
         """``copy.copy``: as on CPU, a tensor on the same storage (what torch's
         pickling protocol would make of one on the host copy is a CPU tensor)."""
-        new = LazyTensor(self._lt_storage, self._lt_desc, not self._lt_windowed)
+        new = alias(self)
         if self.requires_grad:
             new.requires_grad_()
         vars(new).update((k, v) for k, v in vars(self).items() if k not in REPRESENTATION)

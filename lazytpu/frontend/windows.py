@@ -13,7 +13,7 @@ import torch
 
 from lazytpu import _caches
 from lazytpu.engine import context
-from lazytpu.frontend.tensor import LazyTensor, TensorDesc, describe
+from lazytpu.frontend.tensor import CONJ, NEG, LazyTensor, TensorDesc, describe
 from lazytpu.ir import Node, Output, Storage
 from lazytpu.ir.node import op_sig
 from lazytpu.ir.template import Slot, Template
@@ -51,7 +51,14 @@ def _window_kwargs(t: LazyTensor) -> tuple:
     d = t._lt_desc
     dtype = view_dtype(t)
     kwargs = (("base_stride", t._lt_storage.stride), ("offset", d.offset), ("size", d.shape), ("stride", d.stride))
-    return kwargs if dtype is None else (kwargs[0], ("dtype", dtype), *kwargs[1:])
+    if dtype is not None:
+        kwargs = (kwargs[0], ("dtype", dtype), *kwargs[1:])
+    bits = t._lt_bits  # Note [Math bits]: applied after a read, before a write
+    if bits & CONJ:
+        kwargs = (kwargs[0], ("conj", True), *kwargs[1:])
+    if bits & NEG:
+        kwargs = (*kwargs[:2], ("neg", True), *kwargs[2:])
+    return kwargs
 
 
 _WINDOW_PLANS = _caches.memo("window_plans")
@@ -65,7 +72,7 @@ def _window_plan(op, t: LazyTensor) -> tuple:
     again per call)."""
     storage = t._lt_storage
     base = storage.value.aval
-    key = (op, t._lt_desc, storage.stride, base)
+    key = (op, t._lt_desc, storage.stride, base, t._lt_bits)
     plan = _WINDOW_PLANS.get(key)
     if plan is None:
         read = op is VIEW_READ

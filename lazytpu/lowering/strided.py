@@ -182,16 +182,25 @@ def reinterpret(flat, dtype):
 
 
 @lowering(VIEW_READ)
-def view_read(base, *, base_stride, size, stride, offset, dtype=None):
+def view_read(base, *, base_stride, size, stride, offset, dtype=None, conj=False, neg=False):
+    """The window's values; ``conj`` and ``neg`` are its math bits (Note [Math bits])."""
     flat = to_flat(base, base_stride)
     if dtype is not None:
         flat = reinterpret(flat, _dtypes.to_jax(dtype))
-    return window(flat, size, stride, offset)
+    return _math_bits(window(flat, size, stride, offset), conj, neg)
+
+
+def _math_bits(x, conj: bool, neg: bool):
+    """``x`` conjugated and/or negated: each bit is its own inverse."""
+    if conj:
+        x = jnp.conj(x)
+    return -x if neg else x
 
 
 @lowering(VIEW_WRITE)
-def view_write(base, value, *, base_stride, size, stride, offset, dtype=None):
+def view_write(base, value, *, base_stride, size, stride, offset, dtype=None, conj=False, neg=False):
     flat = to_flat(base, base_stride)
+    value = _math_bits(value, conj, neg)
     if dtype is None:
         flat = write_window(flat, value, size, stride, offset)
     else:

@@ -16,7 +16,7 @@ from lazytpu.engine import DeferredCheck, context
 from lazytpu.frontend import hostio
 from lazytpu.frontend.checks.overlap import check_overlap
 from lazytpu.frontend.record import DECOMPOSITIONS, check_with_meta, handles, record
-from lazytpu.frontend.routes.views import check_in_bounds, storage_nbytes
+from lazytpu.frontend.routes.views import check_in_bounds, math_bit_view, storage_nbytes
 from lazytpu.frontend.tensor import LazyTensor, contiguous_strides, describe
 from lazytpu.frontend.windows import new_tensor, rebind_metadata, view_of, write
 from lazytpu.ir import Data, Failed, Output
@@ -256,12 +256,7 @@ def linalg_check_errors(func, args, kwargs):
         check()
 
 
-@handles(aten._conj.default)
-def conj(func, args, kwargs):
-    """``conj()`` of a complex tensor, as a value: lazytpu's views carry no
-    conjugate bit, so the result is materialized (``_conj_physical``). Unlike
-    torch's lazy conjugate view, later writes to the input do not show in it."""
-    return aten._conj_physical.default(args[0])
+handles(aten._conj.default, aten._neg_view.default)(math_bit_view)
 
 
 # Note [CPU norm statistics]: for a half-precision input, CPU torch's layer

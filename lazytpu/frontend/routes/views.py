@@ -9,7 +9,7 @@ import torch
 from lazytpu import _caches
 from lazytpu.frontend.metas import infer_meta
 from lazytpu.frontend.record import HANDLERS, pick, plan_key
-from lazytpu.frontend.tensor import LazyTensor, describe
+from lazytpu.frontend.tensor import CONJ, NEG, LazyTensor, describe, with_math_bits
 from lazytpu.frontend.windows import rebind_metadata, view_of
 from lazytpu.ir.template import flatten
 
@@ -27,6 +27,8 @@ def run_view(func, args, kwargs):
     descriptions are planned once per call signature (Note [Plans]).
     """
     src = args[0]
+    if src._lt_bits:
+        _check_math_bits(func, src._lt_bits)
     key, _ = plan_key(func, args, kwargs)
     plan = _VIEW_PLANS.get(key)
     if plan is None:
@@ -37,8 +39,45 @@ def run_view(func, args, kwargs):
     storage = src._lt_storage
     if torch.is_inference_mode_enabled() and not src.is_inference():
         with torch.inference_mode(False):  # Note [Views in inference mode]
-            return _views(storage, descs, container)
-    return _views(storage, descs, container)
+            out = _views(storage, descs, container)
+    else:
+        out = _views(storage, descs, container)
+    bits = src._lt_bits
+    if bits:  # the views of a tensor with math bits carry them (Note [Math bits])
+        for t in (out,) if container is None else out:
+            with_math_bits(t, bits)
+    return out
+
+
+def math_bit_view(func, args, kwargs):
+    """``_conj()`` and ``_neg_view()``: an alias of the input with its
+    conjugate (negative) bit flipped (Note [Math bits])."""
+    src = args[0]
+    bits = src._lt_bits ^ (CONJ if func is aten._conj.default else NEG)
+    desc = (src._lt_desc,)
+    if torch.is_inference_mode_enabled() and not src.is_inference():
+        with torch.inference_mode(False):  # Note [Views in inference mode]
+            return with_math_bits(_views(src._lt_storage, desc, None), bits)
+    return with_math_bits(_views(src._lt_storage, desc, None), bits)
+
+
+_BIT_ERRORS = {
+    (aten.view_as_real.default, CONJ): "view_as_real doesn't work on unresolved conjugated tensors.  To resolve the "
+    "conjugate tensor so you can view it as real, use self.resolve_conj(); however, be warned that the resulting "
+    "tensor will NOT alias the original.",
+    (aten.view.dtype, CONJ): "torch.Tensor.view is not supported for conjugate view tensors when converting to a "
+    "different dtype.",
+    (aten.view.dtype, NEG): "torch.Tensor.view is not supported for tensors with negative bit set when converting "
+    "to a different dtype.",
+}
+
+
+def _check_math_bits(func, bits: int) -> None:
+    """torch's checks of views that cannot carry a math bit (raised, as on CPU, even for the same dtype)."""
+    for bit in (CONJ, NEG):
+        message = _BIT_ERRORS.get((func, bit)) if bits & bit else None
+        if message is not None:
+            raise RuntimeError(message)
 
 
 def _views(storage, descs, container):
