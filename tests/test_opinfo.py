@@ -3,7 +3,7 @@
 By default a fixed slice runs (every ``SLICE_EVERY``-th entry, float32
 forward, defer mode); ``LAZYTPU_OPINFO=full`` (``make test-opinfo``) runs every
 entry in every supported dtype of float32/float64/int64/int32/bool/bfloat16/
-float16, float32 gradients, and a fixed sample in strict mode
+float16/complex64, float32 and complex64 gradients, and a fixed sample in strict mode
 (Note [OpInfo slices]). A case fails on a mismatch (values, dtype or shape),
 an error, or any CPU fallback.
 

@@ -67,9 +67,10 @@ def _lstsq(a, b, rcond=None, *, driver=None):
     batch = torch.broadcast_shapes(a.shape[:-2], b2.shape[:-2])
     k = b2.shape[-1]
     solution = a.new_empty(batch + ((n,) if vector else (n, k)))
-    residuals = a.new_empty(batch + (k,)) if driver != "gelsy" and m > n else a.new_empty(0)
+    real = a.dtype.to_real()
+    residuals = a.new_empty(batch + (k,) if driver != "gelsy" and m > n else (0,), dtype=real)
     rank = a.new_empty(batch if driver != "gels" else (0,), dtype=torch.int64)
-    sv = a.new_empty(batch + (min(m, n),) if driver in ("gelsd", "gelss") else (0,), dtype=a.dtype.to_real())
+    sv = a.new_empty(batch + (min(m, n),) if driver in ("gelsd", "gelss") else (0,), dtype=real)
     return solution, residuals, rank, sv
 
 

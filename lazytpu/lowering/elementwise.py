@@ -436,13 +436,13 @@ def threshold_backward(grad, x, threshold):
 @lowering(aten.sigmoid_backward.default)
 def sigmoid_backward(grad, y):
     grad, y = promote(grad, y)
-    return grad * (1 - y) * y
+    return grad * jnp.conj((1 - y) * y)  # the conjugate for complex, as torch's kernel
 
 
 @lowering(aten.tanh_backward.default)
 def tanh_backward(grad, y):
     grad, y = promote(grad, y)
-    return grad * (1 - y * y)
+    return grad * jnp.conj(1 - y * y)
 
 
 _SQRT1_2 = 0.70710678118654752440

@@ -27,6 +27,8 @@ through the returned LU is not.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import torch
@@ -293,29 +295,40 @@ def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
 # 1-based and negative for 2x2 blocks. ``linalg_ldl_solve`` replays ``?sytrs``.
 
 
-def _sytf2(a):
+def _sytf2(a, herm: bool):
+    """``?sytf2``, or ``?hetf2`` for ``herm``: the Hermitian factorization
+    ``L D L^H``, whose diagonal is real and whose updates conjugate."""
     n = a.shape[-1]
     idx = jnp.arange(n)
     alpha = (1 + 17**0.5) / 8
     a = jnp.tril(a)
+    conj = jnp.conj if herm else (lambda v: v)
+    diag = idx[:, None] == idx[None, :]
 
     def sym(m):
-        return jnp.tril(m) + jnp.tril(m, -1).T
+        m = jnp.tril(m) + conj(jnp.tril(m, -1)).T
+        return jnp.where(diag, m.real.astype(m.dtype), m) if herm else m
+
+    def size(v):  # a diagonal entry's: ``?hetf2`` reads its real part only
+        return jnp.abs(v.real) if herm else cabs1(v)
+
+    def cabs1(v):  # LAPACK's size of a pivot candidate: |re| + |im| for complex (``csytf2``)
+        return jnp.abs(v.real) + jnp.abs(v.imag) if jnp.iscomplexobj(v) else jnp.abs(v)
 
     def first_argmax(v, mask):
-        v = jnp.where(mask, jnp.abs(v), -1)
+        v = jnp.where(mask, cabs1(v), -1)
         return jnp.argmax(v), jnp.max(v)
 
     def body(state):
         a, ipiv, k, info = state
         m = sym(a)
-        absakk = jnp.abs(m[k, k])
+        absakk = size(m[k, k])
         imax, colmax = first_argmax(m[:, k], idx > k)
         colmax = jnp.where(k < n - 1, colmax, 0)
         jmax, rowmax = first_argmax(m[imax], (idx >= k) & (idx != imax))
         singular = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)
         one_k = singular | (absakk >= alpha * colmax) | (absakk >= alpha * colmax * (colmax / rowmax))
-        one_imax = ~one_k & (jnp.abs(m[imax, imax]) >= alpha * rowmax)
+        one_imax = ~one_k & (size(m[imax, imax]) >= alpha * rowmax)
         kstep = jnp.where(one_k | one_imax, 1, 2)
         kp = jnp.where(one_k, k, imax)
         kk = k + kstep - 1
@@ -326,20 +339,30 @@ def _sytf2(a):
         a = jnp.where(trail, jnp.tril(m), a)
         below = idx > k
         # 1x1 pivot: A22 -= x (d11 x)^T, x *= d11
-        d11 = 1 / m[k, k]
+        d11 = 1 / (m[k, k].real if herm else m[k, k])
         x = jnp.where(below, m[:, k], 0)
-        upd1 = a - x[:, None] * (d11 * x)[None, :]
+        upd1 = a - x[:, None] * conj(d11 * x)[None, :]
         col1 = x * d11
         # 2x2 pivot
         rows2 = idx > k + 1
-        d21 = m[k + 1, k]
-        e11, e22 = m[k + 1, k + 1] / d21, m[k, k] / d21
-        t = 1 / (e11 * e22 - 1)
-        d21 = t / d21
         ck, ck1 = m[:, k], m[:, jnp.minimum(k + 1, n - 1)]
-        wk = jnp.where(rows2, d21 * (e11 * ck - ck1), 0)
-        wkp1 = jnp.where(rows2, d21 * (e22 * ck1 - ck), 0)
-        upd2 = a - jnp.where(rows2, ck, 0)[:, None] * wk[None, :] - jnp.where(rows2, ck1, 0)[:, None] * wkp1[None, :]
+        if herm:
+            d = jnp.abs(m[k + 1, k])
+            e11, e22 = m[k + 1, k + 1].real / d, m[k, k].real / d
+            d21, scale = m[k + 1, k] / d, 1 / (e11 * e22 - 1) / d
+            wk = jnp.where(rows2, scale * (e11 * ck - d21 * ck1), 0)
+            wkp1 = jnp.where(rows2, scale * (e22 * ck1 - jnp.conj(d21) * ck), 0)
+        else:
+            d21 = m[k + 1, k]
+            e11, e22 = m[k + 1, k + 1] / d21, m[k, k] / d21
+            scale = 1 / (e11 * e22 - 1) / d21
+            wk = jnp.where(rows2, scale * (e11 * ck - ck1), 0)
+            wkp1 = jnp.where(rows2, scale * (e22 * ck1 - ck), 0)
+        upd2 = (
+            a
+            - jnp.where(rows2, ck, 0)[:, None] * conj(wk)[None, :]
+            - jnp.where(rows2, ck1, 0)[:, None] * conj(wkp1)[None, :]
+        )
         block1 = (idx[:, None] > k) & (idx[None, :] > k)
         block2 = (idx[:, None] > k + 1) & (idx[None, :] > k + 1)
         new1 = jnp.where(block1, jnp.tril(upd1), a)
@@ -348,6 +371,8 @@ def _sytf2(a):
         new2 = new2.at[:, k].set(jnp.where(rows2, wk, a[:, k]))
         new2 = new2.at[:, jnp.minimum(k + 1, n - 1)].set(jnp.where(rows2, wkp1, a[:, jnp.minimum(k + 1, n - 1)]))
         a = jnp.where(singular, a, jnp.where(kstep == 1, new1, new2))
+        if herm:  # the diagonal stays real (``?hetf2``)
+            a = jnp.where(diag, a.real.astype(a.dtype), a)
         info = jnp.where(singular & (info == 0), k + 1, info)
         piv = jnp.where(kstep == 1, kp + 1, -(kp + 1)).astype(jnp.int32)
         ipiv = jnp.where((idx == k) | ((kstep == 2) & (idx == k + 1)), piv, ipiv)
@@ -365,14 +390,17 @@ def linalg_ldl_factor_ex(a, *, hermitian=False, check_errors=False):
     if n == 0:
         return a, jnp.zeros(batch + (0,), jnp.int32), jnp.zeros(batch, jnp.int32)
     flat = a.reshape((-1, n, n))
-    ld, piv, info = jax.vmap(_sytf2)(flat)
+    herm = hermitian and jnp.iscomplexobj(a)
+    ld, piv, info = jax.vmap(functools.partial(_sytf2, herm=herm))(flat)
     return ld.reshape(a.shape), piv.reshape(batch + (n,)), info.reshape(batch)
 
 
-def _sytrs(ld, ipiv, b):
-    """``?sytrs`` (lower): solve ``L D L^T P X = P B`` with LAPACK's pivots."""
+def _sytrs(ld, ipiv, b, herm: bool):
+    """``?sytrs`` (lower): solve ``L D L^T P X = P B`` with LAPACK's pivots;
+    ``?hetrs`` for ``herm`` (``L D L^H``)."""
     n = ld.shape[-1]
     idx = jnp.arange(n)
+    conj = jnp.conj if herm else (lambda v: v)
 
     def swap(b, i, j):
         perm = jnp.where(idx == i, j, jnp.where(idx == j, i, idx))
@@ -393,9 +421,9 @@ def _sytrs(ld, ipiv, b):
         b2 = b - jnp.where(below2, ld[:, k][:, None], 0) * b[k][None, :]
         b2 = b2 - jnp.where(below2, ld[:, k1][:, None], 0) * b2[k1][None, :]
         akm1k = ld[k1, k]
-        akm1, ak = ld[k, k] / akm1k, ld[k1, k1] / akm1k
+        akm1, ak = ld[k, k] / conj(akm1k), ld[k1, k1] / akm1k
         denom = akm1 * ak - 1
-        bkm1, bk = b2[k] / akm1k, b2[k1] / akm1k
+        bkm1, bk = b2[k] / conj(akm1k), b2[k1] / akm1k
         b2 = b2.at[k].set((ak * bkm1 - bk) / denom).at[k1].set((akm1 * bk - bkm1) / denom)
         return jnp.where(two, b2, b1), k + jnp.where(two, 2, 1)
 
@@ -404,9 +432,9 @@ def _sytrs(ld, ipiv, b):
         two = ipiv[k] < 0
         kp = jnp.abs(ipiv[k]) - 1
         below = (idx > k)[:, None]
-        b = b.at[k].add(-jnp.sum(jnp.where(below, ld[:, k][:, None] * b, 0), axis=0))
+        b = b.at[k].add(-jnp.sum(jnp.where(below, conj(ld[:, k])[:, None] * b, 0), axis=0))
         km1 = jnp.maximum(k - 1, 0)
-        b = jnp.where(two, b.at[km1].add(-jnp.sum(jnp.where(below, ld[:, km1][:, None] * b, 0), axis=0)), b)
+        b = jnp.where(two, b.at[km1].add(-jnp.sum(jnp.where(below, conj(ld[:, km1])[:, None] * b, 0), axis=0)), b)
         return swap(b, k, kp), k - jnp.where(two, 2, 1)
 
     b, _ = lax.while_loop(lambda s: s[1] < n, forward, (b, jnp.int32(0)))
@@ -424,4 +452,5 @@ def linalg_ldl_solve(ld, pivots, b, *, hermitian=False):
     pivots = jnp.broadcast_to(pivots, batch + (n,)).reshape((-1, n))
     k = b.shape[-1]
     bb = jnp.broadcast_to(b, batch + (n, k)).reshape((-1, n, k))
-    return jax.vmap(_sytrs)(ld, pivots, bb).reshape(batch + (n, k))
+    herm = hermitian and jnp.iscomplexobj(ld)
+    return jax.vmap(functools.partial(_sytrs, herm=herm))(ld, pivots, bb).reshape(batch + (n, k))

@@ -125,11 +125,10 @@ def linalg_lstsq(a, b, rcond=None, *, driver=None):
         s_inv = jnp.where(keep, 1 / jnp.where(keep, s, 1), 0).astype(a.dtype)
         x = conj_transpose(vh) @ (s_inv[..., :, None] * (conj_transpose(u) @ b2))
         rank = jnp.sum(keep, axis=-1).astype(jnp.int64)
-    empty = jnp.zeros((0,), a.dtype)
     if driver != "gelsy" and m > n:  # gelsd/gelss: emptied unless full rank (handlers.linalg_lstsq)
-        residuals = jnp.sum(jnp.abs(b2 - a @ x) ** 2, axis=-2).astype(a.dtype)
+        residuals = jnp.sum(jnp.abs(b2 - a @ x) ** 2, axis=-2).astype(real)  # real, as torch's, for complex input
     else:
-        residuals = empty
+        residuals = jnp.zeros((0,), real)
     if driver == "gels":
         rank = jnp.zeros((0,), jnp.int64)
     sv = s if driver in ("gelsd", "gelss") else jnp.zeros((0,), real)

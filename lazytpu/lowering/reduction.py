@@ -12,6 +12,8 @@ result is cast to torch's inferred dtype around the rule.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import torch
@@ -208,6 +210,11 @@ def _float_acc(x):
 def logsumexp(x, dim, keepdim=False):
     x = _float_acc(x)
     ax = axes(x, dim)
+    if jnp.iscomplexobj(x):  # torch's formula (also over no axis: it wraps the angle), shifted by the largest real part
+        shift = jnp.max(x.real, axis=ax, keepdims=True)
+        shift = jnp.where(jnp.isinf(shift), 0, shift)
+        total = jnp.log(jnp.sum(jnp.exp(x - shift), axis=ax, keepdims=keepdim))
+        return total + (shift if keepdim else jnp.squeeze(shift, ax))
     if not ax:
         return x
     return jax.nn.logsumexp(x, axis=ax, keepdims=keepdim)
@@ -235,7 +242,39 @@ def cumprod(x, dim, *, dtype=None):
 def logcumsumexp(x, dim):
     axis = _scan_axis(x, dim)
     x = _float_acc(x)
-    return x if axis is None else jax.lax.cumlogsumexp(x, axis=axis)
+    if axis is None:
+        return x
+    if jnp.iscomplexobj(x):
+        return _complex_logcumsumexp(x, axis)
+    return jax.lax.cumlogsumexp(x, axis=axis)
+
+
+def _complex_logcumsumexp(x, axis: int):
+    """torch's CPU scan, element by element from -inf: each step keeps the
+    imaginary part of the operand with the larger real part, so the result
+    is on the same branch as CPU's (a tree of sums can differ by 2 pi)."""
+
+    def step(acc, v):
+        nan_v, nan_acc = jnp.isnan(v), jnp.isnan(acc)
+        v_smaller = v.real < acc.real
+        low = jnp.where(nan_acc, acc, jnp.where(nan_v, v, jnp.where(v_smaller, v, acc)))
+        high = jnp.where(nan_acc, acc, jnp.where(nan_v, v, jnp.where(v_smaller, acc, v)))
+        infinite = ~jnp.isfinite(low.real) & (low.real == high.real)
+        out = jnp.where(
+            jnp.isnan(low),
+            jnp.asarray(complex(math.nan, math.nan), x.dtype),
+            jnp.where(
+                infinite,
+                jnp.where(low.real < 0, low, jnp.log(jnp.exp(low) + jnp.exp(high))),
+                jnp.log1p(jnp.exp(low - high)) + high,
+            ),
+        )
+        return out, out
+
+    xs = jnp.moveaxis(x, axis, 0)
+    start = jnp.full(xs.shape[1:], -jnp.inf, x.dtype)
+    _, out = jax.lax.scan(step, start, xs)
+    return jnp.moveaxis(out, 0, axis)
 
 
 @lowering(aten.linalg_vector_norm.default)

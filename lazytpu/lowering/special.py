@@ -44,6 +44,8 @@ def _copysign_inf(sign_of):
 
 
 def _angle(x):
+    if jnp.iscomplexobj(x):
+        return jnp.angle(x)
     return _where_nan(x, jnp.where(x < 0, jnp.asarray(math.pi, x.dtype), jnp.zeros_like(x)))
 
 
@@ -301,9 +303,23 @@ def heaviside(x, values):
 
 
 def _logaddexp(x, y, log1p_exp):
+    if jnp.iscomplexobj(x):
+        return _complex_logaddexp(x, y)
     m = jnp.maximum(x, y)
     value = m + log1p_exp(-jnp.abs(x - y))
     return jnp.where(jnp.isinf(x) & (x == y), x, value)
+
+
+def _complex_logaddexp(x, y):
+    """torch's CPU kernel: the operand of the larger real part plus ``log1p(exp(min - max))``
+    (a NaN operand is both; two equal infinities give themselves)."""
+    nan_x = jnp.isnan(x.real) | jnp.isnan(x.imag)
+    nan_y = jnp.isnan(y.real) | jnp.isnan(y.imag)
+    x_smaller = x.real < y.real
+    low = jnp.where(nan_y, y, jnp.where(nan_x, x, jnp.where(x_smaller, x, y)))
+    high = jnp.where(nan_y, y, jnp.where(nan_x, x, jnp.where(x_smaller, y, x)))
+    both_inf = jnp.isinf(low.real) & (low == high)
+    return jnp.where(both_inf, low, high + jnp.log1p(jnp.exp(low - high)))
 
 
 @lowering(aten.logaddexp.default)

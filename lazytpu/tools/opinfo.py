@@ -17,7 +17,7 @@ is read, so one case compiles one program, not one per sample.
 Note [OpInfo slices]: a case runs at most ``max_samples`` of its entry's
 samples, evenly spaced (a few entries have over a thousand, one compile
 each in strict mode); ``cases`` lists the full run (every entry, every dtype
-of ``DTYPES`` it supports, gradients in float32, a fixed strict-mode sample)
+of ``DTYPES`` it supports, gradients in float32 and complex64, a fixed strict-mode sample)
 or the default slice (every ``SLICE_EVERY``-th entry, float32 forward).
 """
 
@@ -32,7 +32,7 @@ import torch
 
 from lazytpu import metrics, runtime
 
-F32, F64, I64, I32, B, BF16, F16 = (
+F32, F64, I64, I32, B, BF16, F16, C64 = (
     torch.float32,
     torch.float64,
     torch.int64,
@@ -40,9 +40,10 @@ F32, F64, I64, I32, B, BF16, F16 = (
     torch.bool,
     torch.bfloat16,
     torch.float16,
+    torch.complex64,
 )
 # The dtypes a full run covers, in this order (float32 first: the headline).
-DTYPES = (F32, F64, I64, I32, B, BF16, F16)
+DTYPES = (F32, F64, I64, I32, B, BF16, F16, C64)
 
 # One tolerance table for every entry (Note [OpInfo comparison]).
 TOLERANCES = {
@@ -54,7 +55,7 @@ TOLERANCES = {
     torch.complex128: dict(rtol=1e-7, atol=1e-7),
 }
 # Gradients go through more arithmetic than outputs.
-GRAD_TOLERANCES = {**TOLERANCES, F32: dict(rtol=1e-3, atol=1e-3)}
+GRAD_TOLERANCES = {**TOLERANCES, F32: dict(rtol=1e-3, atol=1e-3), C64: dict(rtol=1e-3, atol=1e-3)}
 
 # Entries whose algorithm differs from CPU torch's in a way that moves float32
 # results past TOLERANCES (dtype -> tolerance), with the reason.
@@ -111,7 +112,7 @@ def grad_dtypes_of(op) -> tuple:
     if not op.supports_autograd:
         return ()
     supported = op.supported_backward_dtypes("cpu")
-    return tuple(d for d in (F32, F64) if d in supported)
+    return tuple(d for d in (F32, F64, C64) if d in supported)
 
 
 def compares_values(op) -> bool:
@@ -423,8 +424,9 @@ def cases(full: bool) -> list[Case]:
         for dtype in dtypes:
             cap = MAX_SAMPLES["forward" if dtype == F32 else "forward_other"]
             out.append(Case(name, dtype, max_samples=cap))
-        if F32 in grad_dtypes_of(op):
-            out.append(Case(name, F32, "grad", max_samples=MAX_SAMPLES["grad"]))
+        grads = grad_dtypes_of(op)
+        for dtype in (d for d in (F32, C64) if d in grads):
+            out.append(Case(name, dtype, "grad", max_samples=MAX_SAMPLES["grad"]))
         if i % STRICT_EVERY == 0 and F32 in dtypes:
             out.append(Case(name, F32, mode="strict", max_samples=MAX_SAMPLES["strict"]))
     return out
