@@ -84,6 +84,17 @@ CASES = {
         lambda: (torch.rand(20, 2) * 2 - 0.5,),
     ),
     "kthvalue_ties": (lambda x: [torch.kthvalue(x, k, 1) for k in (1, 3, 7)], lambda: (_ties(4, 9),)),
+    # k > 1 of a 1-d input: the kernel check's empty stand-in raised
+    # "Expected reduction dim 0 to have non-zero size"
+    "kthvalue_1d": (
+        lambda x: [
+            torch.kthvalue(x.to(dtype), k, 0, keepdim)
+            for dtype in (torch.float32, torch.uint8, torch.int16)
+            for k in (2, 5)
+            for keepdim in (False, True)
+        ],
+        lambda: (torch.tensor([5, 1, 6, 5, 6]),),
+    ),
     "topk_ties": (
         lambda x: [torch.topk(x, k, 1, largest, True) for k in (2, 5) for largest in (True, False)],
         lambda: (_ties(4, 10),),

@@ -9,6 +9,18 @@ with numpy while tracing, with torch's CPU formulas in torch's arithmetic
 the rule is a few gathers and a weighted sum per dim: exact for nearest, and
 NaN/inf propagate as in torch (no dense interpolation matrix).
 
+Note [uint8 resampling]: CPU torch resamples a uint8 image (bilinear,
+bicubic, and both antialiased) the way Pillow does, not by the float
+formulas: one dim at a time (the last first, a dim of unchanged size
+skipped), each pass in integers with weights rounded to int16 at a
+per-dim precision ``p`` (the largest that keeps the largest weight under
+2**15), ``(2**(p-1) + sum(pixel * weight)) >> p`` clamped to 0..255 and
+stored as uint8 before the next pass. Without antialiasing, the taps are
+``interp_size`` wide with the weights of out-of-range taps folded onto the
+edge pixel, and bicubic uses a = -0.75 (a = -0.5 when antialiased).
+``_uint8_taps`` builds those tables in float64 as torch does and
+``_resample_uint8`` applies them, so the results are CPU's to the bit.
+
 Note [Backward by VJP]: an op's ``*_backward`` is the JAX VJP of the forward
 rule at a zero input of ``input_size``: the forward is linear in its input,
 so the VJP is exact and needs no second formula.
@@ -103,13 +115,82 @@ def _antialias_taps(in_size, out_size, align_corners, scale, dtype, *, cubic: bo
     for o in range(out_size):
         center = s * (o + 0.5)
         lo = max(int(center - support + 0.5), 0)
-        size = min(int(center + support + 0.5), in_size) - lo
+        size = min(max(min(int(center + support + 0.5), in_size) - lo, 0), taps)  # torch clips it too
         x = np.abs((np.arange(size) + lo - center + 0.5) * invscale)
         w = _cubic(x, -0.5) if cubic else np.where(x < 1, 1 - x, 0)
         total = w.sum()
         index[o, :size] = np.arange(lo, lo + size)
         weight[o, :size] = w / total if total != 0 else w
     return index, weight.astype(dtype)
+
+
+def _guarded_taps(in_size, out_size, align_corners, scale, *, cubic: bool):
+    """The taps of CPU torch's uint8 path without antialiasing
+    (``_compute_indices_min_size_weights``): ``interp_size`` input positions
+    around the source index, the weights of positions past either edge added
+    to the edge's; float64, as torch computes them. Returns the tables and
+    the largest weight (running, as torch tracks it)."""
+    support = 2 if cubic else 1
+    taps = 2 * support
+    s = float(_scale(in_size, out_size, align_corners, scale, np.float64))
+    index = np.zeros((out_size, taps), np.int64)
+    weight = np.zeros((out_size, taps), np.float64)
+    largest = 0.0
+    for o in range(out_size):
+        real = s * o if align_corners else s * (o + 0.5) - 0.5
+        if not (align_corners or cubic):
+            real = max(real, 0.0)
+        base = min(int(np.floor(np.float32(real))), in_size - 1)  # torch's floorf of a double
+        lam = min(max(real - base, 0.0), 1.0)
+        low = base - support + 1
+        start = max(low, 0)
+        size = min(max(min(base + support + 1, in_size) - start, 0), taps)
+        slot = 0
+        for j in range(taps):
+            x = abs(j + 1 - support - lam)
+            w = float(_cubic(x, -0.75)) if cubic else (1.0 - x if x < 1.0 else 0.0)
+            if low + j <= 0:
+                slot = 0
+            elif low + j >= in_size - 1:
+                slot = size - 1
+            weight[o, slot] += w
+            largest = max(largest, weight[o, slot])
+            slot += 1
+        index[o, :size] = np.arange(start, start + size)
+    return index, weight, largest
+
+
+def _uint8_taps(in_size, out_size, align_corners, scale, mode: str):
+    """Note [uint8 resampling]: ``(index, int16 weights as int32, precision)``."""
+    if mode in ("linear_aa", "cubic_aa"):
+        index, weight = _antialias_taps(in_size, out_size, align_corners, scale, np.float64, cubic=mode == "cubic_aa")
+        largest = max(float(weight.max()), 0.0)
+    else:
+        index, weight, largest = _guarded_taps(in_size, out_size, align_corners, scale, cubic=mode == "cubic")
+    precision = next((p for p in range(22) if int(0.5 + largest * (1 << (p + 1))) >= 1 << 15), 22)
+    scaled = weight * (1 << precision)
+    rounded = np.trunc(np.where(scaled < 0, scaled - 0.5, scaled + 0.5)).astype(np.int32)
+    return index, rounded, precision
+
+
+def _resample_uint8(x, output_size, scales, mode: str, align_corners: bool):
+    """Note [uint8 resampling]: one integer pass per resized dim, last dim first."""
+    n = len(output_size)
+    for dim in reversed(range(n)):
+        axis = x.ndim - n + dim
+        in_size, out_size = x.shape[axis], output_size[dim]
+        if in_size == out_size:
+            continue
+        index, weight, precision = _uint8_taps(in_size, out_size, align_corners, _spatial_scales(scales, n)[dim], mode)
+        shape = [1] * x.ndim
+        shape[axis] = out_size
+        wide = x.astype(jnp.int32)
+        total = jnp.full((), 1 << (precision - 1), jnp.int32)
+        for k in range(index.shape[1]):
+            tap = jnp.take(wide, jnp.asarray(index[:, k]), axis=axis)
+            total = total + tap * jnp.asarray(weight[:, k]).reshape(shape)
+        x = jnp.clip(total >> precision, 0, 255).astype(jnp.uint8)
+    return x
 
 
 def _resample(x, tables):
@@ -134,6 +215,8 @@ def _spatial_scales(scales, n: int):
 
 
 def _upsample(x, output_size, scales, mode: str, align_corners: bool = False):
+    if x.dtype == jnp.uint8 and mode not in ("nearest", "nearest-exact"):
+        return _resample_uint8(x, output_size, scales, mode, align_corners)
     n = len(output_size)
     ins = x.shape[-n:]
     dtype = _compute_dtype(x)
