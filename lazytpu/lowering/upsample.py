@@ -161,7 +161,7 @@ def _guarded_taps(in_size, out_size, align_corners, scale, *, cubic: bool):
 
 
 def _uint8_taps(in_size, out_size, align_corners, scale, mode: str):
-    """Note [uint8 resampling]: ``(index, int16 weights as int32, precision)``."""
+    """See Note [uint8 resampling]: ``(index, int16 weights as int32, precision)``."""
     if mode in ("linear_aa", "cubic_aa"):
         index, weight = _antialias_taps(in_size, out_size, align_corners, scale, np.float64, cubic=mode == "cubic_aa")
         largest = max(float(weight.max()), 0.0)
@@ -174,7 +174,7 @@ def _uint8_taps(in_size, out_size, align_corners, scale, mode: str):
 
 
 def _resample_uint8(x, output_size, scales, mode: str, align_corners: bool):
-    """Note [uint8 resampling]: one integer pass per resized dim, last dim first."""
+    """See Note [uint8 resampling]: one integer pass per resized dim, last dim first."""
     n = len(output_size)
     for dim in reversed(range(n)):
         axis = x.ndim - n + dim
