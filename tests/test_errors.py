@@ -49,3 +49,22 @@ def test_dtype_error_for_inplace_matches_torch():
     with pytest.raises(RuntimeError) as tpu_err:
         t.add_(torch.ones(3, device="tpu") * 0.5)
     assert str(tpu_err.value) == str(cpu_err.value)
+
+
+@pytest.mark.filterwarnings("ignore:lazytpu.*no lowering")
+def test_sparse_tensors_get_a_clear_error_and_the_dense_path_works():
+    """tpu tensors are strided: moving a sparse tensor, or an op that returns
+    one (to_sparse, to_sparse_csr), raises NotImplementedError that says what
+    to do, where it used to fail inside the transfer with "unsupported memory
+    format option Contiguous"."""
+    dense = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    sparse = dense.to_sparse()
+    with pytest.raises(NotImplementedError, match="torch.sparse_coo tensor cannot be made or moved to tpu"):
+        sparse.to("tpu")
+    x = dense.to("tpu")
+    with pytest.raises(NotImplementedError, match="to_dense"):
+        x.to_sparse()
+    with pytest.raises(NotImplementedError, match="torch.sparse_csr tensor"):
+        x.to_sparse_csr()
+    assert torch.equal(sparse.to_dense().to("tpu").cpu(), dense)
+    assert torch.equal(x.cpu(), dense)

@@ -26,6 +26,11 @@ _BITS = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16)}
 def data_from_cpu(t: torch.Tensor, index: int = 0) -> Data:
     """Copy a CPU tensor to the device."""
     t = t.detach()
+    if t.layout != torch.strided:
+        raise NotImplementedError(
+            f"lazytpu: a tpu tensor is strided (dense); a {t.layout} tensor cannot be made or moved to tpu. "
+            "Keep it on CPU, or call .to_dense() before .to('tpu')"
+        )
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.resolve_conj().resolve_neg().contiguous()
