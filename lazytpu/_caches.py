@@ -93,6 +93,12 @@ def memo(name: str, limit: int = MEMO_SIZE) -> Memo:
     return m
 
 
+def clear_memos() -> None:
+    """Forget what every memo derived (Note [Default dtype] in frontend/dispatch)."""
+    for m in _MEMOS.values():
+        m.clear()
+
+
 def memos() -> dict[str, Memo]:
     """Every bounded memo, by name."""
     return dict(_MEMOS)

@@ -517,3 +517,34 @@ def test_an_upload_changes_dtype_only_when_no_tensor_holds_it():
     assert hostio._held_only_by(held)
     flags = torch.empty(0, dtype=torch.bool, device="tpu").set_(memory, 0, (3,), (1,))
     assert flags.tolist() == [True, False, True]
+
+
+def _promoting_ops(device):
+    ints = torch.arange(1, 5, device=device, dtype=torch.int32)
+    small = torch.tensor([0, 1, 7], dtype=torch.uint8, device=device)
+    return [
+        ints / ints,
+        torch.sqrt(ints),
+        small + 5.5,
+        torch.true_divide(ints, 2),
+        torch.full((2,), 1.5, device=device),
+        torch.arange(0.0, 2.0, device=device),
+        torch.ones(2, dtype=torch.complex64, device=device) + torch.tensor(5.5, dtype=torch.float64, device=device),
+        ints.float().mean() + ints,
+    ]
+
+
+def test_a_new_default_dtype_applies_to_calls_made_before_it():
+    """See Note [Default dtype]: the same calls under float32 and then float64 as
+    the default dtype give CPU's dtypes each time; the second time used to
+    reuse the plans of the first (int / int stayed float32)."""
+    try:
+        for default in (torch.float32, torch.float64, torch.float32):
+            torch.set_default_dtype(default)
+            expected = _promoting_ops("cpu")
+            actual = _promoting_ops("tpu")
+            assert [t.dtype for t in actual] == [t.dtype for t in expected], default
+            for a, e in zip(actual, expected):
+                torch.testing.assert_close(a.cpu(), e)
+    finally:
+        torch.set_default_dtype(torch.float32)

@@ -42,6 +42,7 @@ import threading
 
 import torch
 
+from lazytpu import _caches
 from lazytpu.engine import STEPS_DUE, run_due_steps
 from lazytpu.frontend import hostio, tensor
 from lazytpu.frontend.metas import MetaUnavailable
@@ -79,8 +80,25 @@ def _ends_step_wait(func, args) -> bool:
     return view_kind(func) != "view"
 
 
+# Note [Default dtype]: torch.get_default_dtype() decides some results'
+# dtypes (int / int, sqrt of an int, int + 5.5, factories), and the memos of
+# recording (plans, output metas, checks) are keyed by call signatures that
+# do not hold it: after torch.set_default_dtype(torch.float64), a cached plan
+# made float32 where CPU makes float64. A dispatch that sees another default
+# dtype than the last one forgets the memos (one C call per op to check).
+_default_dtype = torch.get_default_dtype()
+
+
+def _default_dtype_changed() -> None:
+    global _default_dtype
+    _default_dtype = torch.get_default_dtype()
+    _caches.clear_memos()
+
+
 def dispatch(func, args, kwargs):
     """Resolve one op (Note [Resolution order]): its route, chosen once per op."""
+    if torch.get_default_dtype() is not _default_dtype:
+        _default_dtype_changed()
     if STEPS_DUE and _ends_step_wait(func, args):
         run_due_steps()
     known = ROUTES.get(func)
