@@ -68,3 +68,16 @@ def test_sparse_tensors_get_a_clear_error_and_the_dense_path_works():
         x.to_sparse_csr()
     assert torch.equal(sparse.to_dense().to("tpu").cpu(), dense)
     assert torch.equal(x.cpu(), dense)
+
+
+@pytest.mark.filterwarnings("ignore:lazytpu.*no lowering")
+def test_quantizing_a_tpu_tensor_gets_a_clear_error():
+    """quantize_per_tensor runs on CPU and its quantized result cannot come
+    back: NotImplementedError, where it was "TypeError: Got unsupported
+    ScalarType QUInt8" from the transfer."""
+    x = torch.tensor([0.5, -1.0, 2.0], device="tpu")
+    with pytest.raises(NotImplementedError, match=r"no quantized tensors \(torch.quint8\).*dequantize"):
+        torch.quantize_per_tensor(x, 0.1, 5, torch.quint8)
+    quantized = torch.quantize_per_tensor(x.cpu(), 0.1, 5, torch.quint8)
+    assert torch.equal(quantized.dequantize().to("tpu").cpu(), quantized.dequantize())
+    assert torch.equal(x.cpu(), torch.tensor([0.5, -1.0, 2.0]))

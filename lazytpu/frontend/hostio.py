@@ -31,6 +31,10 @@ def data_from_cpu(t: torch.Tensor, index: int = 0) -> Data:
             f"lazytpu: a tpu tensor is strided (dense); a {t.layout} tensor cannot be made or moved to tpu. "
             "Keep it on CPU, or call .to_dense() before .to('tpu')"
         )
+    if t.is_quantized:
+        raise NotImplementedError(
+            f"lazytpu: tpu has no quantized tensors ({t.dtype}); keep it on CPU, or call .dequantize() first"
+        )
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.resolve_conj().resolve_neg().contiguous()
