@@ -92,3 +92,40 @@ def test_whole_tied_model_round_trip(tmp_path):
     assert isinstance(restored[0].weight, nn.Parameter) and restored[0].weight.device.type == "tpu"
     ids = torch.tensor([0, 3, 4], device="tpu")
     assert torch.equal(restored(ids).cpu(), model(ids).cpu())
+
+
+def test_data_pointers_tell_shared_memory_as_on_cpu():
+    """Note [Data pointers]: views share their storage's pointer and sit at
+    their offset in it; separate storages never overlap; every pointer was 0
+    before, and ``untyped_storage().data_ptr()`` raised."""
+    for device in ("cpu", "tpu"):
+        x = torch.randn(15, 4, device=device)
+        view, row, copy = x.reshape(20, 3), x[2], x.t().reshape(20, 3)
+        other = torch.randn(15, 4, device=device)
+        assert view.data_ptr() == x.data_ptr() != 0, device
+        assert row.data_ptr() - x.data_ptr() == 2 * 4 * x.element_size(), device
+        assert view.untyped_storage().data_ptr() == row.untyped_storage().data_ptr() == x.data_ptr(), device
+        assert copy.untyped_storage().data_ptr() != x.untyped_storage().data_ptr(), device
+        for y in (copy, other):
+            start, end = y.data_ptr(), y.data_ptr() + y.untyped_storage().nbytes()
+            assert end <= x.data_ptr() or start >= x.data_ptr() + x.untyped_storage().nbytes(), device
+        x.add_(1)  # a write keeps the storage, and its pointer
+        assert x.data_ptr() == view.data_ptr()
+
+
+def test_transformers_save_pretrained_of_a_tpu_model_round_trips(tmp_path):
+    """save_pretrained finds tied weights by storage pointers (safetensors'
+    storage_ptr): on a tpu model it raised "Attempted to access the data
+    pointer on an invalid python storage"."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=16, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config).to("tpu")
+    model.save_pretrained(tmp_path)
+    loaded = GPT2LMHeadModel.from_pretrained(tmp_path)
+    saved, restored = model.state_dict(), loaded.state_dict()
+    assert saved.keys() == restored.keys()
+    for name, value in saved.items():
+        assert torch.equal(value.cpu(), restored[name]), name
+    assert loaded.lm_head.weight.data_ptr() == loaded.transformer.wte.weight.data_ptr()  # still tied

@@ -8,6 +8,8 @@ pending IR value. Every op on it arrives in ``__torch_dispatch__``.
 from __future__ import annotations
 
 import copy
+import threading
+import weakref
 from collections import OrderedDict
 
 import torch
@@ -212,6 +214,34 @@ def tag_storage(storage: torch.UntypedStorage, held: DeviceStorage) -> torch.Unt
 # freeing never changes what was computed before.
 
 
+# Note [Data pointers]: a wrapper subclass's storage has no memory, so torch
+# gave every tpu tensor the data pointer 0 (plus its offset) and its untyped
+# storage none at all ("invalid python storage"). Code that tells shared
+# memory by pointers then saw every tensor share one, or failed:
+# transformers' save_pretrained (safetensors' storage_ptr) raised. Each
+# ``Storage`` gets, the first time a pointer is asked for, an address range
+# of its own, never reused (a counter in a 64-bit space, far above host
+# memory): ``x.data_ptr()`` is its start plus the tensor's offset in bytes,
+# and ``untyped_storage().data_ptr()`` its start, so views share a storage
+# pointer and ranges overlap where memory does, as on CPU. Nothing
+# dereferences them (there is no tpu kernel that would).
+_ADDRESSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Storage -> its address
+_NEXT_ADDRESS = [1 << 48]
+_ADDRESS_LOCK = threading.Lock()
+
+
+def storage_address(storage: Storage) -> int:
+    """The address of ``storage`` (Note [Data pointers])."""
+    address = _ADDRESSES.get(storage)
+    if address is None:
+        reserved = -(-max(storage.numel, 1) * 16 // 64) * 64  # room for any dtype's view of it, 64-byte aligned
+        with _ADDRESS_LOCK:
+            address = _ADDRESSES.setdefault(storage, _NEXT_ADDRESS[0])
+            if address == _NEXT_ADDRESS[0]:
+                _NEXT_ADDRESS[0] += reserved
+    return address
+
+
 class FreedStorageError(RuntimeError):
     """The error of a tensor read while its tpu storage is freed (Note [Storage resize])."""
 
@@ -230,6 +260,12 @@ class TpuStorage(torch.UntypedStorage):
         if held is not None and held.storage is not None and freed(held.storage):
             return 0
         return super().nbytes()
+
+    def data_ptr(self) -> int:
+        held = vars(self).get(_STORAGE_TAG)
+        if held is None or held.storage is None:
+            return super().data_ptr()  # host bytes on the device: the host copy's pointer
+        return storage_address(held.storage)
 
     def resize_(self, size: int) -> TpuStorage:
         held = vars(self).get(_STORAGE_TAG)
@@ -419,9 +455,13 @@ class LazyTensor(torch.Tensor):
         new._is_param = True
         return new
 
+    def data_ptr(self) -> int:
+        """Note [Data pointers]: the storage's address plus this tensor's offset in bytes."""
+        return storage_address(self._lt_storage) + self.storage_offset() * self.element_size()
+
     def untyped_storage(self) -> torch.UntypedStorage:
         """torch's ``untyped_storage()``: for a view, its base's (sizes as on CPU;
-        no data pointer, as for any tensor subclass without data), readable
+        the data pointer of Note [Data pointers]), readable
         through the storage's methods (Note [tpu storages] in frontend/hostio)."""
         memory = _UNTYPED_STORAGE(self)
         if type(memory) is not TpuStorage:
