@@ -95,7 +95,7 @@ def test_whole_tied_model_round_trip(tmp_path):
 
 
 def test_data_pointers_tell_shared_memory_as_on_cpu():
-    """Note [Data pointers]: views share their storage's pointer and sit at
+    """See Note [Data pointers]: views share their storage's pointer and sit at
     their offset in it; separate storages never overlap; every pointer was 0
     before, and ``untyped_storage().data_ptr()`` raised."""
     for device in ("cpu", "tpu"):

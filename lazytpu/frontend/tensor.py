@@ -456,7 +456,7 @@ class LazyTensor(torch.Tensor):
         return new
 
     def data_ptr(self) -> int:
-        """Note [Data pointers]: the storage's address plus this tensor's offset in bytes."""
+        """See Note [Data pointers]: the storage's address plus this tensor's offset in bytes."""
         return storage_address(self._lt_storage) + self.storage_offset() * self.element_size()
 
     def untyped_storage(self) -> torch.UntypedStorage:
