@@ -4,6 +4,8 @@ against CPU torch, with no CPU fallback."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from conftest import assert_close, run_both, to_cpu, to_tpu
@@ -165,6 +167,42 @@ def test_resize_keeps_storage_contents():
     assert t.shape == (2, 8) and torch.equal(t.cpu().flatten()[:12], x)
     r = torch.empty(2, 6, device="tpu").resize_as_(torch.empty(3, 4)).copy_(torch.ones(3, 4))
     assert_close(r.cpu(), torch.ones(3, 4))
+
+
+def _resizes(device):
+    """(strides, values) after resize_ and resize_as_ with and without a memory format."""
+    out = []
+    flat = torch.arange(120.0, device=device)
+    flat.resize_((2, 3, 4, 5), memory_format=torch.channels_last)
+    out.append(flat.stride())
+    channels_last = torch.zeros(2, 3, 4, 5, device=device).contiguous(memory_format=torch.channels_last)
+    for memory_format in (None, torch.preserve_format, torch.contiguous_format):
+        flat = torch.arange(120.0, device=device)
+        flat.resize_as_(channels_last, **({} if memory_format is None else {"memory_format": memory_format}))
+        out += [flat.stride(), flat.flatten()[:8].tolist()]
+    for memory_format in (None, torch.contiguous_format):
+        t = torch.arange(6.0, device=device).view(2, 3).t()
+        t.resize_((3, 2), **({} if memory_format is None else {"memory_format": memory_format}))
+        out += [t.stride(), t.tolist()]
+    t = torch.arange(6.0, device=device).view(2, 3).t()
+    out.append(t.resize_as_(t).stride())
+    small = torch.arange(8.0, device=device)
+    small.resize_((2, 2, 1, 2), memory_format=torch.channels_last)
+    out += [small.stride(), small.tolist()]
+    return out
+
+
+def test_resize_with_a_memory_format_restrides_as_on_cpu():
+    """resize_(memory_format=torch.channels_last) and resize_as_(...,
+    memory_format=torch.preserve_format) give channels_last strides; the same
+    sizes without a format keep the strides (a transposed tensor stays
+    transposed). Found by PyTorch's test_view_ops.py test_memory_format_resize_*."""
+    assert _resizes("tpu") == _resizes("cpu")
+    for fmt in (torch.preserve_format, torch.channels_last):
+        with pytest.raises(RuntimeError) as cpu_error:
+            torch.empty(6).resize_((2, 3), memory_format=fmt)
+        with pytest.raises(type(cpu_error.value), match=re.escape(str(cpu_error.value))):
+            torch.empty(6, device="tpu").resize_((2, 3), memory_format=fmt)
 
 
 def test_empty_strided_with_overlapping_strides_reads_back():

@@ -9,6 +9,7 @@ import math
 
 import jax
 import torch
+from torch._prims_common import suggest_memory_format
 from torch.nn.parameter import UninitializedTensorMixin
 
 from lazytpu import runtime
@@ -98,11 +99,15 @@ def local_scalar(func, args, kwargs):
 
 @handles(aten.resize_.default)
 def resize_(func, args, kwargs):
-    """torch's ``resize_``: a contiguous window at the same offset on the same
-    storage, which grows (old contents first, zeros after) when too small."""
+    """torch's ``resize_``: a window at the same offset on the same storage,
+    contiguous in ``memory_format`` (channels_last too), which grows (old
+    contents first, zeros after) when too small; the same sizes without a
+    memory format keep the strides."""
     dst, size = args[0], tuple(args[1])
-    torch.empty(0, device="meta").resize_(size)  # torch's errors (negative sizes)
-    if size == tuple(dst.shape) and dst.is_contiguous():
+    memory_format = kwargs.get("memory_format")
+    # torch's errors (negative sizes, preserve_format, a rank the format does not fit), and the strides
+    strides = tuple(torch.empty(0, device="meta").resize_(size, memory_format=memory_format).stride())
+    if size == tuple(dst.shape) and (memory_format is None or tuple(dst.stride()) == strides):
         return dst
     offset, have = dst.storage_offset(), dst._lt_desc.storage_numel
     need = offset + math.prod(size)
@@ -114,7 +119,7 @@ def resize_(func, args, kwargs):
             if have
             else aten.zeros.default([need], dtype=dst.dtype, device=dst.device)
         )
-    rebind_metadata(dst, view_of(base, size, contiguous_strides(size), offset))
+    rebind_metadata(dst, view_of(base, size, strides, offset))
     return dst
 
 
@@ -126,7 +131,12 @@ def resize(func, args, kwargs):
 
 @handles(aten.resize_as_.default)
 def resize_as_(func, args, kwargs):
-    return resize_(aten.resize_.default, (args[0], list(args[1].shape)), {})
+    """torch's: ``resize_`` to the template's sizes, in ``memory_format`` when
+    given (``preserve_format``: the template's suggested memory format)."""
+    template, memory_format = args[1], kwargs.get("memory_format")
+    if memory_format == torch.preserve_format:
+        memory_format = suggest_memory_format(template)
+    return resize_(aten.resize_.default, (args[0], list(template.shape)), {"memory_format": memory_format})
 
 
 @handles(aten.as_strided_scatter.default)
