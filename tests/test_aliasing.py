@@ -158,8 +158,26 @@ def _as_strided_on_a_grown_storage(d):
     return [a, s, w]
 
 
+def _bool_views(d):
+    # bool and uint8 views of each other and of wider dtypes are windows on the same bytes
+    # (they were computed as values: writes through them were lost)
+    m = torch.tensor([True, False, True, False]).to(d)
+    u = m.view(torch.uint8)
+    u[1] = 1
+    b = torch.tensor([0, 1, 0, 3], dtype=torch.uint8).to(d)
+    v = b.view(torch.bool)
+    v[0] = True
+    x = torch.tensor([[1.5, -2.0], [0.0, 4.0]]).to(d)
+    xb = x.view(torch.bool)  # (2, 8): each float's 4 bytes
+    xb[1, 0] = True
+    xb[0, 1] = False
+    t = torch.arange(8.0).reshape(2, 4).to(d)[:, ::2].view(torch.int32)
+    return [m, u, b, v, x, xb, t]
+
+
 CASES = [
     _views_then_base_write,
+    _bool_views,
     _write_through_slice,
     _setitem_forms,
     _chained_views,

@@ -162,10 +162,15 @@ def write_window(flat, value, size, stride, offset):
 
 def reinterpret(flat, dtype):
     """The 1-D ``flat`` as a 1-D array of ``dtype`` over the same bytes (Note [Dtype views]);
-    a trailing part of an element is padded with zeros."""
+    a trailing part of an element is padded with zeros. XLA bitcasts no bools:
+    torch's bool is the byte 0 or 1, read as any nonzero byte."""
     dtype = np.dtype(dtype)
     if flat.dtype == dtype:
         return flat
+    if flat.dtype == np.bool_:
+        return reinterpret(flat.astype(np.uint8), dtype)
+    if dtype == np.bool_:
+        return reinterpret(flat, np.uint8) != 0
     if jnp.issubdtype(flat.dtype, jnp.complexfloating):
         return reinterpret(jnp.stack([flat.real, flat.imag], -1).reshape(-1), dtype)
     if jnp.issubdtype(dtype, jnp.complexfloating):
@@ -204,6 +209,9 @@ def view_write(base, value, *, base_stride, size, stride, offset, dtype=None, co
     if dtype is None:
         flat = write_window(flat, value, size, stride, offset)
     else:
-        written = write_window(reinterpret(flat, _dtypes.to_jax(dtype)), value, size, stride, offset)
+        view_dtype = _dtypes.to_jax(dtype)
+        if view_dtype == jnp.bool_ and flat.dtype != jnp.bool_:
+            view_dtype, value = jnp.uint8, value.astype(jnp.uint8)  # the other bytes stay as they are
+        written = write_window(reinterpret(flat, view_dtype), value, size, stride, offset)
         flat = reinterpret(written, flat.dtype)[: flat.shape[0]]
     return from_flat(flat, base.shape, base_stride)

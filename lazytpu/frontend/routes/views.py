@@ -138,7 +138,7 @@ def check_in_bounds(size, stride, offset: int, itemsize: int, nbytes: int) -> No
         )
 
 
-_NOT_REINTERPRETED = frozenset({torch.bool, torch.complex32})
+_NOT_REINTERPRETED = frozenset({torch.complex32})
 # Views that reinterpret their input's bytes; others whose schema may alias (``to.dtype``)
 # convert when the dtype changes.
 _REINTERPRETING = frozenset({aten.view.dtype, aten.view_as_real.default, aten.view_as_complex.default})
@@ -146,7 +146,7 @@ _REINTERPRETING = frozenset({aten.view.dtype, aten.view_as_real.default, aten.vi
 
 def _reinterpretable(func, src: torch.dtype, dst: torch.dtype) -> bool:
     """A dtype-changing view is a window on its base's storage (Note [Dtype views]),
-    except for bool and complex32 (stored as complex64): those are computed as values."""
+    except for complex32 (stored as complex64): those are computed as values."""
     return func in _REINTERPRETING and src not in _NOT_REINTERPRETED and dst not in _NOT_REINTERPRETED
 
 
