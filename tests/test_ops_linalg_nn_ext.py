@@ -231,6 +231,11 @@ def test_margin_losses_backward(reduction, eager_mode):
         )
         run_both(lambda t, y: F.multi_margin_loss(t[0], y[:1], margin=0.5, reduction=reduction), x, target, grad=True)
         run_both(lambda t, y: F.multilabel_margin_loss(t, y, reduction=reduction), x, labels, grad=True)
+        # one sample: a 0-d target (and any 1-d multilabel one) gives a 0-d loss on CPU; it was (1,)
+        # (Note [Meta shape fixes] in lazytpu/frontend/metas.py)
+        run_both(lambda t, y: F.multi_margin_loss(t[0], y[0], reduction=reduction), x, target, grad=True)
+        run_both(lambda t, y: F.multi_margin_loss(t[0, 0], y[1], reduction=reduction), x, target, grad=True)
+        run_both(lambda t, y: F.multilabel_margin_loss(t[0], y[0], reduction=reduction), x, labels, grad=True)
 
 
 # -- cdist ---------------------------------------------------------------------------

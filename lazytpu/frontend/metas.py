@@ -104,6 +104,29 @@ def _gru_cell_backward(grad_hy, workspace, has_bias):
     return workspace.new_empty(gates), workspace.new_empty(gates), grad_hy.new_empty(grad_hy.shape), *biases
 
 
+# Note [Meta shape fixes]: some meta kernels accept a call and give another
+# shape than CPU's kernel: reduction="none" of multi_margin_loss with a 0-d
+# target, and of multilabel_margin_loss with a 0-d or 1-d one, is (1,) on meta
+# and () on CPU. ``FIXES`` runs torch's meta kernel (its checks) and returns
+# CPU's shapes.
+
+
+def _multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
+    out = aten.multi_margin_loss.default(x, target, p, margin, weight, reduction)
+    return out.new_empty(()) if reduction == 0 and target.dim() == 0 else out
+
+
+def _multilabel_margin_loss(x, target, reduction):
+    out, is_target = aten.multilabel_margin_loss_forward.default(x, target, reduction)
+    return (out.new_empty(()) if reduction == 0 and target.dim() <= 1 else out), is_target
+
+
+FIXES = {
+    aten.multi_margin_loss.default: _multi_margin_loss,
+    aten.multilabel_margin_loss_forward.default: _multilabel_margin_loss,
+}
+
+
 SHAPES = {
     # the meta kernels of ``<<`` and ``>>`` refuse bool operands, which CPU promotes
     # (``bool << 1`` is int64) as ``bitwise_*_shift``'s meta kernels do; for a bool or
@@ -163,7 +186,7 @@ def infer_meta(func, template, values):
     if hit is not None:
         return hit
     try:
-        out = run_on(func, template, values, "meta")
+        out = run_on(FIXES.get(func, func), template, values, "meta")  # Note [Meta shape fixes]
     except Exception as meta_exc:
         missing = SHAPES.get(func)  # Note [Missing meta kernels]
         if missing is not None:

@@ -98,6 +98,13 @@ def _multi_margin(x, target, p, margin, weight, reduction, shape):
     return _reduce(loss, reduction, shape)
 
 
+@lowering(aten.multi_margin_loss.default)
+def multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
+    """CPU's kernel: one loss per sample, a 0-d one for a 0-d target (torch's
+    decomposition makes it (1,): Note [Meta shape fixes] in frontend/metas)."""
+    return _multi_margin(x, target, p, margin, weight, reduction, (_rows(x).shape[0],) if target.ndim else ())
+
+
 @lowering(aten.multi_margin_loss_backward.default)
 def multi_margin_loss_backward(grad_output, x, target, p, margin, weight=None, reduction=1):
     _, vjp = jax.vjp(lambda a: _multi_margin(a, target, p, margin, weight, reduction, grad_output.shape), x)
@@ -120,7 +127,7 @@ def _multilabel_margin(x, target, reduction, shape):
 def multilabel_margin_loss_forward(x, target, reduction):
     """torch's CPU kernel: a sample's targets end at its first -1 (torch's
     decomposition reads past it)."""
-    loss, hits = _multilabel_margin(x, target, reduction, x.shape[:-1] if x.ndim > 1 else ())
+    loss, hits = _multilabel_margin(x, target, reduction, x.shape[:-1] if target.ndim > 1 else ())
     return loss, hits.astype(x.dtype)
 
 
