@@ -6,6 +6,7 @@ import traceback
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 
 def test_broadcast_error_raised_at_the_line():
@@ -81,3 +82,25 @@ def test_quantizing_a_tpu_tensor_gets_a_clear_error():
     quantized = torch.quantize_per_tensor(x.cpu(), 0.1, 5, torch.quint8)
     assert torch.equal(quantized.dequantize().to("tpu").cpu(), quantized.dequantize())
     assert torch.equal(x.cpu(), torch.tensor([0.5, -1.0, 2.0]))
+
+
+@pytest.mark.filterwarnings("ignore:lazytpu.*failed inside backward")
+@pytest.mark.parametrize(
+    "name,inplace",
+    [
+        ("elu_", lambda t: F.elu_(t, alpha=-2.0)),
+        ("celu_", lambda t: F.celu_(t, alpha=-2.0)),
+        ("leaky_relu_", lambda t: F.leaky_relu_(t, -2.0)),
+        ("rrelu_", lambda t: F.rrelu_(t, -5.0, 1.0)),  # eval: leaky_relu_ with slope -2
+    ],
+)
+def test_inplace_activation_with_a_negative_slope_refuses_backward(name, inplace):
+    """CPU's backward of these in-place activations with a negative slope
+    raises (the input cannot be recovered from the output); tpu computed a
+    wrong gradient from the output (elu_ at -1: 1.0 for -0.74)."""
+    for device in ("cpu", "tpu"):
+        x = torch.tensor([-1.0, 1.0], device=device, requires_grad=True)
+        y = inplace(x.clone())
+        with pytest.raises(RuntimeError, match="backward calculation is triggered with a negative slope"):
+            y.backward(torch.ones(2, device=device))
+            x.grad.cpu()
