@@ -192,6 +192,13 @@ CASES = {
 # (Note [Dim checks] in kernel_checks.py; before, the lowering wrapped the
 # dim: sort(x, dim=2) of a 2-D tensor sorted dim 0) and index dtypes.
 AT_CALL_CASES = {
+    # size checks of CPU kernels that meta kernels skip (Note [Meta shape fixes])
+    "ctc_loss_empty_log_probs": lambda d: F.ctc_loss(
+        torch.rand(0, 0, 4).to(d), *[torch.tensor([], dtype=torch.long).to(d)] * 3, reduction="none"
+    ),
+    "ctc_loss_empty_log_probs_int_lengths": lambda d: F.ctc_loss(
+        torch.rand(0, 1, 4).to(d), torch.tensor([[1]]).to(d), [0], [1]
+    ),
     "sort_dim_past_last": lambda d: _t(2, 3).to(d).sort(dim=2),
     "sort_negative_dim": lambda d: torch.sort(_t(2, 3).to(d), -3),
     "sort_stable_dim": lambda d: torch.sort(_t(4).to(d), dim=1, stable=True),

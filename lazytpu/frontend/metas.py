@@ -107,8 +107,9 @@ def _gru_cell_backward(grad_hy, workspace, has_bias):
 # Note [Meta shape fixes]: some meta kernels accept a call and give another
 # shape than CPU's kernel: reduction="none" of multi_margin_loss with a 0-d
 # target, and of multilabel_margin_loss with a 0-d or 1-d one, is (1,) on meta
-# and () on CPU. ``FIXES`` runs torch's meta kernel (its checks) and returns
-# CPU's shapes.
+# and () on CPU; or accept a call CPU's kernel refuses for its sizes (ctc_loss
+# of an empty log_probs). ``FIXES`` runs torch's meta kernel (its checks) and
+# returns CPU's shapes, or raises CPU's error.
 
 
 def _multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
@@ -121,7 +122,20 @@ def _multilabel_margin_loss(x, target, reduction):
     return (out.new_empty(()) if reduction == 0 and target.dim() <= 1 else out), is_target
 
 
+def _ctc_loss(log_probs, targets, *args, **kwargs):
+    """CPU's kernel refuses an empty ``log_probs``; the meta kernel does not."""
+    torch._check(log_probs.numel() > 0, lambda: "log_probs tensor must not be empty")
+    return aten._ctc_loss.default(log_probs, targets, *args, **kwargs)
+
+
+def _ctc_loss_tensor(log_probs, targets, *args, **kwargs):
+    torch._check(log_probs.numel() > 0, lambda: "log_probs tensor must not be empty")
+    return aten._ctc_loss.Tensor(log_probs, targets, *args, **kwargs)
+
+
 FIXES = {
+    aten._ctc_loss.default: _ctc_loss,
+    aten._ctc_loss.Tensor: _ctc_loss_tensor,
     aten.multi_margin_loss.default: _multi_margin_loss,
     aten.multilabel_margin_loss_forward.default: _multilabel_margin_loss,
 }
