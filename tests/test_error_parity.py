@@ -19,6 +19,12 @@ def _t(*shape, dtype=torch.float32):
 # Each case: a function of a device name that makes its inputs there and
 # performs one bad call.
 CASES = {
+    # out= dtypes that CPU kernels refuse (PyTorch's test_reductions.py on tpu)
+    "all_out_float": lambda d: torch.all(_t(3, 4).to(d), 0, out=torch.empty(4).to(d)),
+    "any_out_float_no_dim": lambda d: torch.any(_t(3, 4).to(d), out=torch.empty(()).to(d)),
+    "mode_out_values_dtype": lambda d: torch.mode(
+        _t(10, dtype=torch.uint8).to(d), -1, True, out=(_t(10, dtype=torch.int8).to(d), _t(10, dtype=torch.long).to(d))
+    ),
     "add_broadcast": lambda d: _t(2, 3).to(d) + _t(4).to(d),
     "mul_broadcast": lambda d: _t(2, 3).to(d) * _t(2, 4).to(d),
     "mm_shapes": lambda d: _t(2, 3).to(d) @ _t(4, 5).to(d),

@@ -205,6 +205,18 @@ def test_resize_with_a_memory_format_restrides_as_on_cpu():
             torch.empty(6, device="tpu").resize_((2, 3), memory_format=fmt)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.int32, torch.int8, torch.uint8])
+def test_median_of_no_elements_is_cpus(dtype):
+    """CPU's median of an empty tensor is NaN cast to its dtype (int64's
+    smallest value, 0 for uint8); tpu gave 0."""
+    empty = torch.tensor([], dtype=dtype)
+    ops = [torch.median] + ([torch.nanmedian] if dtype.is_floating_point else [])
+    for op in ops:
+        expected, actual = op(empty), op(empty.to("tpu")).cpu()
+        assert actual.dtype == expected.dtype
+        assert torch.equal(actual, expected) or (actual.isnan() and expected.isnan())
+
+
 def test_empty_strided_with_overlapping_strides_reads_back():
     t = torch.empty_strided((5, 5, 5), (2, 0, 1), device="tpu")
     assert t.cpu().shape == (5, 5, 5) and t.stride() == (2, 0, 1)

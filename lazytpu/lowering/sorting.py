@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from lazytpu.lowering.casts import convert
 from lazytpu.lowering.factories import two_sided
 from lazytpu.lowering.registry import lowering
 
@@ -276,13 +277,24 @@ def _median(x, axis: int, keepdim: bool, *, skip_nan: bool):
     return _take(values, indices, axis, position, keepdim)
 
 
+def _empty_median(x):
+    """CPU torch's median of no elements: NaN, cast to ``x``'s dtype as CPU casts it
+    (int64's smallest value, 0 for uint8)."""
+    nan = jnp.sum(x.astype(jnp.float32)) + jnp.nan  # traced: numpy would warn casting a NaN constant
+    return convert(nan, x.dtype)
+
+
 @lowering(aten.median.default)
 def median(x):
+    if x.size == 0:
+        return _empty_median(x)
     return _median(x.reshape(-1), 0, False, skip_nan=False)[0]
 
 
 @lowering(aten.nanmedian.default)
 def nanmedian(x):
+    if x.size == 0:
+        return _empty_median(x)
     return _median(x.reshape(-1), 0, False, skip_nan=True)[0]
 
 

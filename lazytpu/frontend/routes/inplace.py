@@ -173,7 +173,9 @@ def run_inplace(func, functional, args, kwargs):
     return self
 
 
-_OUT_DTYPE_ERRORS = re.compile(r"dtype|type to be|can't be cast|floating point type|Expected .* type")
+_OUT_DTYPE_ERRORS = re.compile(
+    r"dtype|type to be|can't be cast|floating point type|[Ee]xpected .* type|supports bool tensor for result"
+)
 _OUT_DTYPES_CHECKED = _caches.memo("out_dtypes_checked")
 
 
