@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-opinfo test-contract coverage soak fuzz dtype-sweep arg-sweep lint venv clean bench notebooks
+.PHONY: demo test test-opinfo test-contract coverage soak fuzz dtype-sweep arg-sweep value-sweep lint venv clean bench notebooks
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,11 @@ dtype-sweep: $(STAMP)
 # Calls with an out-of-range dim or a wrong index dtype that CPU torch rejects and tpu computes (a survey, not a test).
 arg-sweep: $(STAMP)
 	$(BIN)/python tests/arg_sweep.py
+
+# Ops and modules whose tpu values differ from CPU torch's (a survey, not a test; options in tests/value_sweep.py).
+value-sweep: $(STAMP)
+	$(BIN)/python tests/value_sweep.py --dtypes float32,uint8,int8,int16,int32,int64,bool
+	$(BIN)/python tests/value_sweep.py --modules
 
 # The benchmark suite (benchmarks/README.md): table on stdout, JSON + PNG in benchmarks/results/.
 bench: $(STAMP)
