@@ -30,22 +30,13 @@ import time
 import warnings
 
 import torch
+from dtype_sweep import _map  # run as ``python tests/value_sweep.py``: tests/ is on sys.path
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.testing._internal.common_modules import module_db
 
 import lazytpu  # noqa: F401  (registers the tpu device)
 
 _HALF = (torch.float16, torch.bfloat16)
-
-
-def _map(x, fn):
-    if isinstance(x, torch.Tensor):
-        return fn(x)
-    if isinstance(x, list | tuple):
-        return type(x)(_map(a, fn) for a in x)
-    if isinstance(x, dict):
-        return {k: _map(a, fn) for k, a in x.items()}
-    return x
 
 
 def _leaves(x) -> list:
