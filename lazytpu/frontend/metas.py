@@ -122,20 +122,19 @@ def _multilabel_margin_loss(x, target, reduction):
     return (out.new_empty(()) if reduction == 0 and target.dim() <= 1 else out), is_target
 
 
-def _ctc_loss(log_probs, targets, *args, **kwargs):
-    """CPU's kernel refuses an empty ``log_probs``; the meta kernel does not."""
-    torch._check(log_probs.numel() > 0, lambda: "log_probs tensor must not be empty")
-    return aten._ctc_loss.default(log_probs, targets, *args, **kwargs)
+def _nonempty_log_probs(op):
+    """``op`` (a ``_ctc_loss`` overload) with CPU's check that the meta kernel skips."""
 
+    def checked(log_probs, *args, **kwargs):
+        torch._check(log_probs.numel() > 0, lambda: "log_probs tensor must not be empty")
+        return op(log_probs, *args, **kwargs)
 
-def _ctc_loss_tensor(log_probs, targets, *args, **kwargs):
-    torch._check(log_probs.numel() > 0, lambda: "log_probs tensor must not be empty")
-    return aten._ctc_loss.Tensor(log_probs, targets, *args, **kwargs)
+    return checked
 
 
 FIXES = {
-    aten._ctc_loss.default: _ctc_loss,
-    aten._ctc_loss.Tensor: _ctc_loss_tensor,
+    aten._ctc_loss.default: _nonempty_log_probs(aten._ctc_loss.default),
+    aten._ctc_loss.Tensor: _nonempty_log_probs(aten._ctc_loss.Tensor),
     aten.multi_margin_loss.default: _multi_margin_loss,
     aten.multilabel_margin_loss_forward.default: _multilabel_margin_loss,
 }

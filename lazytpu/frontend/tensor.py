@@ -236,8 +236,9 @@ def storage_address(storage: Storage) -> int:
     if address is None:
         reserved = -(-max(storage.numel, 1) * 16 // 64) * 64  # room for any dtype's view of it, 64-byte aligned
         with _ADDRESS_LOCK:
-            address = _ADDRESSES.setdefault(storage, _NEXT_ADDRESS[0])
-            if address == _NEXT_ADDRESS[0]:
+            address = _ADDRESSES.get(storage)
+            if address is None:  # not given by another thread meanwhile
+                address = _ADDRESSES[storage] = _NEXT_ADDRESS[0]
                 _NEXT_ADDRESS[0] += reserved
     return address
 
