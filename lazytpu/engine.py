@@ -22,7 +22,6 @@ import torch
 
 from lazytpu import _config, engine_flush, metrics, runtime
 from lazytpu.engine_flush import DeferredCheck, located
-from lazytpu.fusion import split_roots
 from lazytpu.ir import Aval, Data, Node, Output, PendingGraph
 from lazytpu.ir.graph import RandomCell
 from lazytpu.ir.source import source_text
@@ -385,8 +384,7 @@ class DeviceContext:
                 plan.error(check, at, plan.value(check, bits)), str(plan.func), source_text(pending.node.source)
             )
             errors.append(error)
-            reaching, _ = split_roots(pending.roots, [pending.node])
-            lane.graph.fail_values([*pending.settled, *pending.extra], dict.fromkeys(reaching, error))
+            engine_flush.fail_reached(pending, [other.graph for other in self.lanes.values()], error)
         lane.computed_checks = waiting
 
     def end_step(self) -> None:
@@ -411,13 +409,15 @@ class DeviceContext:
         """
         with self.lock:
             lane = lane or self.lane()
+            if lane.computed_checks:  # let go of the value checks computed since (Note [Value checks])
+                self._read_value_checks(lane)
             roots, runner = self.collect(lane, reason, count)
             if not roots:
                 return
-            if lane.computed_checks:  # let go of the value checks computed since (Note [Value checks])
-                self._read_value_checks(lane)
             results, failures = engine_flush.run(self, roots, runner)
             errors = engine_flush.rebind(lane, roots, results, failures)
+            if errors and lane.check_errors:  # raised by the next host read, wherever the device's timing read them
+                errors = [e for e in errors if not any(e is c for c in lane.check_errors)]
             if errors and quiet:
                 lane.check_errors.append(errors[0].with_traceback(None))
             elif errors:  # the first failure, once: every value it reached keeps it

@@ -40,7 +40,7 @@ import torch
 
 from lazytpu import _caches, metrics, runtime
 from lazytpu.fusion import FailedInput, build_program, op_node, split_roots
-from lazytpu.ir import Aval, Data, Output, Scalar
+from lazytpu.ir import Aval, Data, Failed, Output, Scalar
 
 
 def run(ctx, roots: list, runner, first: bool = True) -> tuple[dict, dict]:
@@ -190,8 +190,10 @@ def rebind(lane, roots: list, results: dict, failures: dict) -> list:
     checks = [c for c in checks if not any(g in failures for g in c.guards)]  # nothing to check
     guarded = [split_roots(list(results), [g.node for g in c.guards])[0] for c in checks]
     settled = graph.settle(results, failures)
-    if lane.value_checks:
+    if lane.computed_checks or lane.value_checks:
         weak = graph.weakly(settled)
+        for pending in lane.computed_checks:  # computed by an earlier program, not read yet
+            spread(pending, roots, weak)
         for pending in lane.value_checks:
             pending.roots, pending.settled = roots, weak
         lane.computed_checks += lane.value_checks
@@ -204,6 +206,65 @@ def rebind(lane, roots: list, results: dict, failures: dict) -> list:
             failures.update(dict.fromkeys(reaching, error))
             graph.fail_values(settled, failures)
     return errors
+
+
+# Note [Checks across programs]: a value check is read after its program ran
+# (Note [Value checks] in lazytpu.frontend.checks.value_checks), and a later
+# program may have read the checked op's results by then: in strict mode every
+# op is its own program (``y = x[bad]; z = y + 1``), and a step segment's
+# values feed the next segment. A failed check fails every value computed
+# from its op, in any program, and every tensor holding one: the buffers its
+# op's values were bound to are its ``reached`` buffers, each later program
+# that reads one adds the buffers of its values that depend on it (``spread``,
+# a walk of that program only while an unread check holds buffers it reads),
+# and a failed check re-binds every live storage holding one of them
+# (``fail_reached``), whichever tensor it has moved to since (an in-place
+# op's target re-bound to its result's buffer), and every pending value that
+# reads one (a flush reads the checks computed before it collects its roots).
+
+
+def reached(pending) -> dict:
+    """``{id(buffer): weakref}``: the buffers holding values that ``pending``
+    (a ``PendingValueCheck`` whose program ran) fails (Note [Checks across programs])."""
+    if pending.reached is None:
+        reaching = set(split_roots(pending.roots, [pending.node])[0])
+        pending.reached = {
+            id(buffer()): buffer
+            for _, value, buffer in [*pending.settled, *pending.extra]
+            if value in reaching and buffer() is not None
+        }
+    return pending.reached
+
+
+def spread(pending, roots: list, settled: list) -> None:
+    """Add to ``pending``'s reached buffers those of this program's values
+    (``roots``, bound as ``settled``, weakly) computed from one of them."""
+    buffers = reached(pending)
+    if not buffers:
+        return
+    reaching = set(split_roots(roots, (), buffers)[0])
+    for _, value, buffer in settled:
+        if value in reaching and buffer() is not None:
+            buffers[id(buffer())] = buffer
+
+
+def fail_reached(pending, graphs, error: BaseException) -> None:
+    """Re-bind to ``Failed`` with ``error`` every live storage of ``graphs``
+    that holds a buffer ``pending`` reached, or a pending value that reads one."""
+    buffers = reached(pending)
+    for graph in graphs:
+        for storage in graph.live_storages():
+            value = storage.value
+            if type(value) is Data:
+                ref = buffers.get(id(value.buffer))
+                if ref is not None and ref() is value.buffer:
+                    storage.value = Failed(error, value.aval)
+        waiting = graph.pending_storages()
+        if waiting:
+            reaching = set(split_roots([s.value for s in waiting], (), buffers)[0])
+            for storage in waiting:
+                if storage.value in reaching:
+                    storage.value = Failed(error, storage.value.aval)
 
 
 def _program_error(exc: Exception, program) -> Exception:

@@ -15,6 +15,7 @@ from conftest import MODES, mode, programs_run
 
 import lazytpu
 from lazytpu import _config
+from lazytpu.frontend import record
 
 aten = torch.ops.aten
 X = torch.arange(6.0).reshape(3, 2)
@@ -133,6 +134,40 @@ def test_bad_values_raise_torchs_error_at_the_next_host_read(name, eager_mode):
     if isinstance(out, torch.Tensor):  # the op's own result carries the error
         with pytest.raises(RuntimeError, match="could not be computed"):
             out.cpu()
+
+
+@pytest.mark.parametrize("name", ["put_", "index_add_", "scatter_add_", "bernoulli_tensor_p"])
+def test_an_inplace_ops_first_call_fails_its_target_in_strict_mode(name):
+    """As in a fresh process, where the functional op's route is not chosen yet:
+    the target fails with the op's error, as on every later call."""
+    fn, op = CASES[name]
+    record.ROUTES.pop(record.ROUTES[op].functional if op in record.ROUTES else op, None)
+    record.ROUTES.pop(op, None)
+    with mode("strict"):
+        out = fn("tpu")
+        with pytest.raises((IndexError, RuntimeError), match=r"recorded at"):
+            out.cpu()
+        with pytest.raises(RuntimeError, match="could not be computed"):
+            out.cpu()
+
+
+@pytest.mark.parametrize("eager_mode", MODES)
+def test_values_computed_from_a_failed_op_in_later_programs_fail_with_it(eager_mode):
+    """In strict mode each op is its own program, run before the check of the
+    ops it reads is read (Note [Checks across programs] in lazytpu.engine_flush)."""
+    target = torch.zeros(3, 2).to("tpu")
+    target.cpu()
+    with mode(eager_mode):
+        picked = _x("tpu")[BAD.to("tpu")]
+        shifted = picked + 1  # another program in strict mode
+        target[1:].copy_(shifted)  # written into a materialized tensor
+        kept = _x("tpu") * 2
+        with pytest.raises(IndexError, match="index 5 is out of bounds"):
+            shifted.cpu()
+        for t in (picked, shifted, target):
+            with pytest.raises(RuntimeError, match="could not be computed"):
+                t.cpu()
+        assert kept.cpu().tolist() == (X * 2).tolist()
 
 
 @pytest.mark.parametrize(

@@ -172,7 +172,7 @@ def _after_foreach(func) -> Route:
         functional = functional_of(func)
         if functional is not None and resolves(functional):
             if is_inplace(func):
-                return Route("inplace", inplace_runner(func, functional), None, functional)
+                return Route("inplace", inplace_runner(func, functional, route), None, functional)
             return Route("out", lambda f, a, k: run_out(f, functional, a, k), None, functional)
     last = _last(func)
     decomp = DECOMPOSITIONS.get(func)

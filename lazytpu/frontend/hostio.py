@@ -73,6 +73,7 @@ def _host_base(t, reason: str) -> torch.Tensor:
             ctx.flush(reason, lane=lane)
     if array is None:
         if isinstance(storage.value, Failed):
+            ctx.read_value_checks()  # a failed check's own error first, at the read that shows it
             raise RuntimeError(f"lazytpu: this tensor's value could not be computed: {storage.value.error}")
         array = runtime.to_host(storage.value.buffer)
     ctx.read_value_checks()  # now that the read has waited for its program (Note [Value checks])

@@ -183,14 +183,23 @@ def op_node(roots: list[Output], index: int) -> Node:
     return _topo_order(roots)[index]
 
 
-def split_roots(roots: list[Output], culprits) -> tuple[list[Output], list[Output]]:
+def split_roots(roots: list[Output], culprits, buffers: dict | None = None) -> tuple[list[Output], list[Output]]:
     """``(reaching, others)``: the distinct roots whose value depends on one
-    of the nodes ``culprits``, and the rest, each in root order."""
+    of the nodes ``culprits`` (or reads one of ``buffers``: ``{id(buffer):
+    weakref to it}``), and the rest, each in root order."""
     bad = {id(n) for n in culprits}
     memo: dict[int, bool] = {}
     for node in _topo_order(roots):  # inputs come before their users
-        memo[id(node)] = id(node) in bad or any(type(v) is Output and memo[id(v.node)] for v in node.inputs)
+        memo[id(node)] = id(node) in bad or any(
+            (type(v) is Output and memo[id(v.node)]) or (buffers and type(v) is Data and _held(buffers, v.buffer))
+            for v in node.inputs
+        )
     reaching, others = [], []
     for r in dict.fromkeys(roots):
         (reaching if memo[id(r.node)] else others).append(r)
     return reaching, others
+
+
+def _held(buffers: dict, buffer) -> bool:
+    ref = buffers.get(id(buffer))
+    return ref is not None and ref() is buffer

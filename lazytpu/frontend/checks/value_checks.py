@@ -16,8 +16,9 @@ program, and never waited for otherwise (a flush reads those already
 computed). A bad element raises torch's own error: the op runs on CPU with
 data-free stand-ins and an index (or probability) tensor that holds the bad
 value alone, so that torch itself writes the message, and lazytpu adds the
-op and the user's ``file:line``. The values that depend on the op (in the
-program that computed it) fail with that error (Note [Failure isolation]).
+op and the user's ``file:line``. The values that depend on the op fail
+with that error (Note [Failure isolation]), also those later programs
+computed from them (Note [Checks across programs] in lazytpu.engine_flush).
 ``LAZYTPU_DEBUG=bounds`` checks the index ops on the host instead
 (lazytpu.frontend.checks.bounds), at the cost of a blocking read per op.
 
@@ -168,6 +169,7 @@ class PendingValueCheck:
     roots: list | None = None
     settled: list | None = None
     extra: list | tuple = ()
+    reached: dict | None = None  # Note [Checks across programs] in lazytpu.engine_flush
 
 
 def plan(func, args, kwargs, template, values: list) -> ValuePlan | None:

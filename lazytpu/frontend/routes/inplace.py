@@ -136,15 +136,16 @@ def _run_inplace_several(func, functional, args, kwargs, written: tuple[str, ...
     return args[0] if func._schema.returns else None
 
 
-def inplace_runner(func, functional):
-    """The runner of the in-place ``func`` through ``functional``, chosen once per op (its route)."""
+def inplace_runner(func, functional, route):
+    """The runner of the in-place ``func`` through ``functional``, chosen once
+    per op (its route); ``route(op)`` is dispatch's: the route of ``functional``."""
     written = _written_several(func)
     if written:
         return lambda f, a, k: _run_inplace_several(f, functional, a, k, written)
-    return lambda f, a, k: run_inplace(f, functional, a, k)
+    return lambda f, a, k: run_inplace(f, functional, a, k, route)
 
 
-def run_inplace(func, functional, args, kwargs):
+def run_inplace(func, functional, args, kwargs, route):
     self = args[0]
     key, _ = plan_key(func, args, kwargs)
     if key not in _INPLACE_CHECKED:
@@ -152,7 +153,7 @@ def run_inplace(func, functional, args, kwargs):
         _INPLACE_CHECKED.add(key)
     if type(self) is LazyTensor:
         check_overlap(func, args, kwargs, self)
-    known = ROUTES.get(functional)
+    known = ROUTES.get(functional) or route(functional)  # the first call writes into its target as every later one
     rule = known.rule if known is not None and known.kind == "recorded" else None
     if rule is not None and type(self) is LazyTensor and not self._lt_windowed:
         call_args, call_kwargs = functional_args(func, functional, args, kwargs)
