@@ -104,3 +104,20 @@ def test_inplace_activation_with_a_negative_slope_refuses_backward(name, inplace
         with pytest.raises(RuntimeError, match="backward calculation is triggered with a negative slope"):
             y.backward(torch.ones(2, device=device))
             x.grad.cpu()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.zeros([1] * 65).to("tpu"),
+        lambda: torch.ones([1] * 65, device="tpu"),
+        lambda: torch.ones([1] * 64, device="tpu").unsqueeze(0) + 1,
+    ],
+)
+def test_more_than_64_dims_get_a_clear_error(make):
+    """numpy (so JAX) holds at most 64 dims; CPU torch computes 65-dim elementwise
+    ops. A tpu value of 65 dims raises at the line that makes it (was a
+    ValueError from numpy at the next read, or a CPU fallback)."""
+    with pytest.raises(RuntimeError, match="tpu tensors have at most 64 dims"):
+        make().cpu()
+    assert torch.ones([1] * 64, device="tpu").sum().item() == 1.0

@@ -23,6 +23,9 @@ from lazytpu.ir import Aval, Data, Failed, Output
 _BITS = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16)}
 
 
+MAX_DIMS = 64  # numpy's, so JAX's: a tpu tensor's value has at most this many dims
+
+
 def data_from_cpu(t: torch.Tensor, index: int = 0) -> Data:
     """Copy a CPU tensor to the device."""
     t = t.detach()
@@ -37,6 +40,8 @@ def data_from_cpu(t: torch.Tensor, index: int = 0) -> Data:
         )
     if t.device.type != "cpu":
         t = t.cpu()
+    if t.dim() > MAX_DIMS:
+        raise RuntimeError(f"tpu tensors have at most {MAX_DIMS} dims (numpy's limit), got {t.dim()}")
     t = t.resolve_conj().resolve_neg().contiguous()
     if t.dtype is torch.complex32:  # stored widened (Note [complex32 storage])
         t = t.to(torch.complex64)

@@ -359,6 +359,7 @@ def make_plan(func, args, kwargs, rule, values) -> _Plan:
         check_generator(kwargs)
     meta_out = infer_meta(func, template, flat_values)
     check_kernel_dtypes(func, template, flat_values)
+    check_dims(func, flat_values, meta_out)
     if rule.random:
         plan = _Plan(func, template, meta_out, rule, kwarg_device_index(kwargs))
         plan.scalar_check = scalars.random_check(func, template)
@@ -368,6 +369,16 @@ def make_plan(func, args, kwargs, rule, values) -> _Plan:
         plan.scalar_check = scalars.per_call_check(func, kwargs, template, flat_values, meta_out)
     plan.value_plan = value_checks.plan(func, args, kwargs, template, flat_values)
     return plan
+
+
+def check_dims(func, values: list, meta_out) -> None:
+    """A clear error for a value of more than ``hostio.MAX_DIMS`` dims, which CPU
+    torch computes (elementwise ops) and a device program cannot hold."""
+    metas = [meta_out] if isinstance(meta_out, torch.Tensor) else list(meta_out)
+    tensors = [t for m in metas for t in (m if _tensor_list(m) else (m,)) if isinstance(t, torch.Tensor)]
+    dims = max((t.dim() for t in [*values, *tensors] if isinstance(t, torch.Tensor)), default=0)
+    if dims > hostio.MAX_DIMS:
+        raise RuntimeError(f"{func}: tpu tensors have at most {hostio.MAX_DIMS} dims (numpy's limit), got {dims}")
 
 
 def check_generator(kwargs) -> None:
