@@ -304,6 +304,8 @@ class DeviceContext:
         lazytpu.ir.node)."""
         if MODE.current is not EagerMode.DEFER_AND_FUSE:
             self.flush("strict")
+            if MODE.current is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING:
+                self.read_value_checks()  # the op's program has finished: its checks' errors at its line
             return
         lane = lane or self.lane()
         if task:

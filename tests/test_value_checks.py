@@ -136,6 +136,21 @@ def test_bad_values_raise_torchs_error_at_the_next_host_read(name, eager_mode):
             out.cpu()
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_strict_blocking_mode_raises_at_the_op(name):
+    """strict-blocking waits for each op's program: a bad value raises at the op's
+    line, as docs/modes.md says, and the op's result fails with it."""
+    fn, op = CASES[name]
+    with pytest.raises(Exception) as expected:
+        fn("cpu")
+    with mode("strict-blocking"):
+        line = fn.__code__.co_firstlineno
+        with pytest.raises(type(expected.value)) as actual:
+            fn("tpu")
+        assert str(actual.value) == f"{expected.value} ({op} recorded at {__file__}:{line})"
+        assert (torch.arange(3).to("tpu") + 1).cpu().tolist() == [1, 2, 3]  # nothing left to raise
+
+
 @pytest.mark.parametrize("name", ["put_", "index_add_", "scatter_add_", "bernoulli_tensor_p"])
 def test_an_inplace_ops_first_call_fails_its_target_in_strict_mode(name):
     """As in a fresh process, where the functional op's route is not chosen yet:

@@ -13,7 +13,8 @@ scalars computed inside the same program, the position of the first bad
 element (or -1) and its value. They are read at the next host read
 (``.cpu()``, ``.item()``, ``print``), once that read has waited for its own
 program, and never waited for otherwise (a flush reads those already
-computed). A bad element raises torch's own error: the op runs on CPU with
+computed; strict-blocking mode, which waits for each op, reads them at
+the op). A bad element raises torch's own error: the op runs on CPU with
 data-free stand-ins and an index (or probability) tensor that holds the bad
 value alone, so that torch itself writes the message, and lazytpu adds the
 op and the user's ``file:line``. The values that depend on the op fail
