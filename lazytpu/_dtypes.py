@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +33,34 @@ _JAX_TO_TORCH = {np.dtype(v): k for k, v in _TORCH_TO_JAX.items()}
 # JAX has no complex32: it lives on device as complex64 whose parts are
 # float16 values (Note [complex32 storage]); reading it back narrows it again.
 _TORCH_TO_JAX[torch.complex32] = jnp.complex64
+
+
+# Note [Default dtype in programs]: torch.get_default_dtype() decides the
+# float dtype of some results (int / int, int * 0.5, sqrt of an int, a
+# factory without a dtype). A program is lowered later than its ops were
+# recorded, when the default may have changed back: a value recorded under
+# float64 and read after ``torch.set_default_dtype(torch.float32)`` was
+# computed in float32 and labelled float64. An op recorded under another
+# default than float32 carries it in its template (``DEFAULT_KWARG``, so it
+# is part of the program's key too); lowering runs its rule under
+# ``lowering_default`` and the rules ask ``default_float()``, never torch.
+DEFAULT_KWARG = "__default_dtype__"
+_LOWERING = threading.local()
+
+
+def default_float() -> torch.dtype:
+    """The default float dtype of the op being lowered (Note [Default dtype in programs])."""
+    return getattr(_LOWERING, "dtype", torch.float32)
+
+
+@contextlib.contextmanager
+def lowering_default(dtype: torch.dtype) -> Iterator[None]:
+    old = default_float()
+    _LOWERING.dtype = dtype
+    try:
+        yield
+    finally:
+        _LOWERING.dtype = old
 
 
 def to_jax(dtype: torch.dtype):

@@ -548,3 +548,21 @@ def test_a_new_default_dtype_applies_to_calls_made_before_it():
                 torch.testing.assert_close(a.cpu(), e)
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+def test_values_recorded_under_another_default_dtype_are_computed_in_it():
+    """Values recorded under float64 as the default dtype and read after it changed
+    back are computed in float64 (they were computed in float32 and labelled
+    float64: 1/3 off by 1e-8); and the reverse. See Note [Default dtype in programs]."""
+    ints, divisors = torch.tensor([1, 2**31 - 1, 7]), torch.tensor([3, 3, 10])
+    try:
+        for recorded, read in ((torch.float64, torch.float32), (torch.float32, torch.float64)):
+            torch.set_default_dtype(recorded)
+            expected = [ints / divisors, ints * 0.1, ints + 0.1, torch.sqrt(ints), ints**0.5, ints * 1j]
+            t, d = ints.to("tpu"), divisors.to("tpu")
+            actual = [t / d, t * 0.1, t + 0.1, torch.sqrt(t), t**0.5, t * 1j]
+            torch.set_default_dtype(read)
+            for a, e in zip(actual, expected):
+                assert torch.equal(a.cpu(), e), (recorded, e)
+    finally:
+        torch.set_default_dtype(torch.float32)

@@ -15,7 +15,7 @@ import warnings
 import torch
 from torch._decomp import decomposition_table
 
-from lazytpu import _caches
+from lazytpu import _caches, _dtypes
 from lazytpu._registry import Registry
 from lazytpu.engine import RNG_AVAL, context
 from lazytpu.frontend import hostio, schema
@@ -360,12 +360,16 @@ def make_plan(func, args, kwargs, rule, values) -> _Plan:
     meta_out = infer_meta(func, template, flat_values)
     check_kernel_dtypes(func, template, flat_values)
     check_dims(func, flat_values, meta_out)
+    lowered = template
+    default = torch.get_default_dtype()
+    if default is not torch.float32:  # Note [Default dtype in programs] in lazytpu._dtypes
+        lowered = Template(template.args, (*template.kwargs, (_dtypes.DEFAULT_KWARG, default)))
     if rule.random:
-        plan = _Plan(func, template, meta_out, rule, kwarg_device_index(kwargs))
+        plan = _Plan(func, lowered, meta_out, rule, kwarg_device_index(kwargs))
         plan.scalar_check = scalars.random_check(func, template)
     else:
         scalars.check_at_plan(func, args, kwargs, template, flat_values, meta_out)
-        plan = _Plan(func, template, meta_out, rule, kwarg_device_index(kwargs))
+        plan = _Plan(func, lowered, meta_out, rule, kwarg_device_index(kwargs))
         plan.scalar_check = scalars.per_call_check(func, kwargs, template, flat_values, meta_out)
     plan.value_plan = value_checks.plan(func, args, kwargs, template, flat_values)
     return plan

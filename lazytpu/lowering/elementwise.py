@@ -42,9 +42,24 @@ def promote(*xs, kind=Kind.DEFAULT) -> tuple:
 
     ``None`` entries (absent optional operands) stay ``None``.
     """
-    compute, _ = elementwise_dtypes(*(_probe(x) for x in xs if x is not None), type_promotion_kind=kind)
+    probes = [_probe(x) for x in xs if x is not None]
+    compute, _ = elementwise_dtypes(*probes, type_promotion_kind=kind)
+    default = _dtypes.default_float()
+    if default is not torch.get_default_dtype() and (compute.is_floating_point or compute.is_complex):
+        compute = _from_default(compute, default, probes)
     dtype = _dtypes.to_jax(compute)
     return tuple(None if x is None else _dtypes.number(x, dtype) for x in xs)
+
+
+def _from_default(compute: torch.dtype, default: torch.dtype, probes: list) -> torch.dtype:
+    """``compute`` as torch would have chosen it under the op's default dtype,
+    not torch's now (Note [Default dtype in programs] in lazytpu._dtypes):
+    it came from the default when no operand is a float or complex tensor."""
+    if any(isinstance(p, torch.Tensor) and (p.is_floating_point() or p.is_complex()) for p in probes):
+        return compute
+    if compute.is_complex:
+        return torch.complex128 if default is torch.float64 else torch.complex64
+    return default if default in (torch.float32, torch.float64) else torch.float32  # half types compute in float32
 
 
 def _is_int(x) -> bool:

@@ -27,7 +27,7 @@ aten = torch.ops.aten
 
 
 def jax_dtype(dtype):
-    return _dtypes.to_jax(dtype if dtype is not None else torch.get_default_dtype())
+    return _dtypes.to_jax(dtype if dtype is not None else _dtypes.default_float())
 
 
 def _value_dtype(value, dtype):
@@ -39,7 +39,7 @@ def _value_dtype(value, dtype):
     if isinstance(value, int):
         return jnp.int64
     if isinstance(value, complex):
-        return _dtypes.to_jax(torch.complex128 if torch.get_default_dtype() == torch.float64 else torch.complex64)
+        return _dtypes.to_jax(torch.complex128 if _dtypes.default_float() == torch.float64 else torch.complex64)
     return jax_dtype(None)
 
 

@@ -77,7 +77,7 @@ def normal_tensor(mean, std=1.0, *, generator=None, key):
 
 @lowering(aten.normal.float_float, random=True)
 def normal_sized(mean, std, size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, key):
-    return mean + std * _normal(key, tuple(size), _dtypes.to_jax(dtype or torch.get_default_dtype()))
+    return mean + std * _normal(key, tuple(size), _dtypes.to_jax(dtype or _dtypes.default_float()))
 
 
 @lowering(aten.log_normal.default, random=True)

@@ -27,7 +27,7 @@ def isclose(x, y, rtol=1e-05, atol=1e-08, equal_nan=False):
         dtype = x.dtype
         error = jnp.abs(x - y)
     else:  # integers and bools: the error in the default float dtype
-        dtype = _dtypes.to_jax(torch.get_default_dtype())
+        dtype = _dtypes.to_jax(_dtypes.default_float())
         error = jnp.abs(x.astype(jnp.int64) - y.astype(jnp.int64)).astype(dtype)
     allowed = jnp.asarray(atol, dtype) + jnp.abs(jnp.asarray(rtol, dtype) * y.astype(dtype))
     return close | (jnp.isfinite(error) & (error <= allowed))

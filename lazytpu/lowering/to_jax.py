@@ -48,6 +48,14 @@ def apply_op(op, spec, in_values: list, out_avals) -> tuple:
         return _apply_foreach(op, spec, in_values, out_avals)
     rule = get_rule(op)
     args, kwargs = fill(spec, in_values)
+    default = kwargs.pop(_dtypes.DEFAULT_KWARG, None) if kwargs else None
+    if default is not None:  # Note [Default dtype in programs]
+        with _dtypes.lowering_default(default):
+            return _apply_rule(op, rule, args, kwargs, out_avals)
+    return _apply_rule(op, rule, args, kwargs, out_avals)
+
+
+def _apply_rule(op, rule, args, kwargs, out_avals) -> tuple:
     if rule.random:
         key_new, key_use = jax.random.split(args[-1])
         args = args[:-1]
