@@ -5,7 +5,8 @@ torch converts a Python int operand to the dtype the op computes in modulo
 2**bits (``uint8 + 300`` adds 44), except where its kernel checks the
 conversion (``fill_``, ``full``, ``masked_fill``, ``clamp``, ``alpha``, ...),
 which raises ``value cannot be converted to type uint8_t without overflow``;
-``bool - 1`` and ``int // 0`` raise too. On ``tpu`` each case gives CPU
+``bool - 1``, ``int // 0``, ``int ** -1`` and a bool ``alpha`` of a non-bool
+result raise too. On ``tpu`` each case gives CPU
 torch's values and dtype, or its error type and message raised at the call,
 never a failed deferred program. The same holds for Python floats into the
 ops that check their conversion (``half.fill_(1e6)``, ``uint8.fill_(-2.7)``):
@@ -50,6 +51,8 @@ OPS = {
     "masked_fill": lambda x, v: x.masked_fill(x > 1, v),
     "index_fill": lambda x, v: x.clone().index_fill_(0, torch.tensor([0], device=x.device), v),
     "setitem": lambda x, v: _setitem(x.clone(), v),
+    "pow": lambda x, v: x**v,  # a negative int exponent of an integer tensor raises
+    "pow_": lambda x, v: x.clone().pow_(v),
 }
 DTYPES = (torch.uint8, torch.int8, torch.int32, torch.int64, torch.bool)
 VALUES = (300, -1, -300, 2**33, 2**63)
@@ -77,12 +80,12 @@ def _setitem(x, v):
     return x
 
 
-def _outcome(fn, *args):
+def _outcome(fn, *args, **kwargs):
     """The tensor ``fn(*args)`` returns, or its error as (type, message); a
     kernel's name is the backend's (``"threshold_cpu" not implemented`` is
     ``threshold_tpu`` on tpu)."""
     try:
-        out = fn(*args)
+        out = fn(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - compared with CPU torch's
         return type(exc), str(exc).replace("_cpu", "_tpu")
     return out
@@ -129,6 +132,20 @@ def test_python_float_operand_as_cpu_torch(op, dtype, size):
         # and XLA keeps excess precision; the values differ in the last few places
         tol = dict(rtol=4 * torch.finfo(dtype).eps, atol=0) if dtype in (torch.float16, torch.bfloat16) else {}
         torch.testing.assert_close(got, expected, equal_nan=True, **(tol or tolerance(dtype)))
+
+
+@pytest.mark.parametrize("alpha", (True, False))
+@pytest.mark.parametrize("dtype", (torch.bool, torch.int8, torch.float32))
+@pytest.mark.parametrize("op", (torch.add, torch.sub))
+def test_bool_alpha_as_cpu_torch(op, dtype, alpha):
+    """``alpha=True`` is for bool results only (tpu computed ``1 + 2 * True``)."""
+    x = torch.tensor([1, 0, 1], dtype=dtype)
+    expected = _outcome(op, x, x, alpha=alpha)
+    got = _outcome(op, x.to("tpu"), x.to("tpu"), alpha=alpha)
+    if isinstance(expected, tuple):
+        assert got == expected
+    else:
+        assert torch.equal(got.cpu(), expected)
 
 
 def test_overflow_error_at_the_call_loses_no_pending_data():

@@ -26,7 +26,7 @@ _SCALAR_OPS = frozenset(
     """add sub rsub mul div true_divide floor_divide remainder fmod eq ne lt le gt ge bitwise_and bitwise_or
     bitwise_xor bitwise_left_shift bitwise_right_shift __and__ __or__ __xor__ __lshift__ __rshift__ fill full
     full_like new_full masked_fill where clamp clamp_min clamp_max index_fill addcmul addcdiv lerp threshold
-    hardtanh scatter constant_pad_nd pad""".split()
+    hardtanh scatter constant_pad_nd pad pow""".split()
 )
 
 # Of those, the ones whose kernels convert their number with an overflow
@@ -41,6 +41,7 @@ _CHECKED_CONVERSION_OPS = frozenset(
 # What those checks raise.
 _SCALAR_ERRORS = re.compile(
     r"without overflow|with a bool tensor is not supported|Promotion for uint16, uint32, uint64"
+    r"|negative integer powers|Boolean alpha|alpha must not be"
 )
 
 _INTEGER_DIVISION = frozenset({"floor_divide", "remainder", "fmod"})
@@ -53,12 +54,13 @@ def _family(func) -> str:
 
 def check_at_plan(func, args, kwargs, template, values, meta_out) -> None:
     """A Python int operand that torch's CPU kernel rejects
-    (``uint8.fill_(300)``, ``bool - 1``, ``bool + 2**63``, ``int // 0``)
+    (``uint8.fill_(300)``, ``bool - 1``, ``bool + 2**63``, ``int // 0``,
+    ``int ** -1``, ``add(ints, ints, alpha=True)``)
     raises torch's error here, at the call, once per call signature (the
     int's value is part of it); an int that passes is wrapped by the lowering
     as torch wraps it (Note [Python integers wrap] in _dtypes)."""
     name = _family(func)
-    if name not in _SCALAR_OPS or not any(_int_value(a) is not None for a in (*args, *kwargs.values())):
+    if name not in _SCALAR_OPS or not any(_int_or_bool(a) for a in (*args, *kwargs.values())):
         return
     modulus = _division_modulus(func, kwargs, meta_out)
     if modulus is not None and len(args) > 1:
@@ -87,6 +89,10 @@ def _int_value(a) -> int | None:
     if type(a) is Scalar:
         a = a.value
     return a if type(a) is int else None
+
+
+def _int_or_bool(a) -> bool:
+    return type(a.value if type(a) is Scalar else a) in (int, bool)
 
 
 def _division_modulus(func, kwargs, meta_out) -> int | None:
