@@ -202,10 +202,11 @@ def _check_lone_mask(self, indices, position: int, values, fills: bool) -> None:
     def shapes(count):
         return before + [(count,)] * mask.dim() + after
 
-    result = _result_shape(self, shapes(1))
+    some = 1 if mask.numel() else 0  # a count of True elements that stands for any (an empty mask has none)
+    result = _result_shape(self, shapes(some))
     row = values.dim() - (len(result) - position)  # the value's dim that meets the True elements
     if fills or (_expandable(values.shape, result) and (row < 0 or values.shape[row] == 1)):
-        _check_put(self, shapes(1), values, fills)
+        _check_put(self, shapes(some), values, fills)
         return
     count = int(hostio.to_cpu(mask, "data_dependent").sum())
     _check_put(self, shapes(count), values, fills)
