@@ -37,18 +37,36 @@ def _probe(v):
     return torch.empty(v.shape, dtype=_dtypes.to_torch(v.dtype), device="meta")
 
 
-def promote(*xs, kind=Kind.DEFAULT) -> tuple:
+def promote(*xs, kind=Kind.DEFAULT, rounded: bool = False) -> tuple:
     """``xs`` cast to the dtype torch computes in (Note [Computation dtype]).
 
-    ``None`` entries (absent optional operands) stay ``None``.
+    ``None`` entries (absent optional operands) stay ``None``. ``rounded``:
+    see Note [Scalars of half operands].
     """
     probes = [_probe(x) for x in xs if x is not None]
-    compute, _ = elementwise_dtypes(*probes, type_promotion_kind=kind)
+    compute, common = elementwise_dtypes(*probes, type_promotion_kind=kind)
     default = _dtypes.default_float()
     if default is not torch.get_default_dtype() and (compute.is_floating_point or compute.is_complex):
         compute = _from_default(compute, default, probes)
     dtype = _dtypes.to_jax(compute)
+    if rounded and common in _REDUCED and compute is not common:
+        narrow = _dtypes.to_jax(common)
+        xs = tuple(x if x is None or _has_dtype(x, narrow) else _dtypes.number(x, narrow) for x in xs)
     return tuple(None if x is None else _dtypes.number(x, dtype) for x in xs)
+
+
+# Note [Scalars of half operands]: CPU torch's TensorIterator casts every
+# operand to the op's common dtype before the kernel computes in float32: a
+# Python number or a 0-d tensor meeting a float16/bfloat16 tensor is rounded
+# to half first (``half + 2.3`` adds 2.30078125, ``fmod(half, 0.1)`` divides
+# by 0.0999755859375), in add, sub, fmod, remainder, pow, atan2 and the
+# comparisons. mul, div, floor_divide, lerp and addcmul read the number
+# unrounded (their kernels' ``original_scalar_value``); so do their rules.
+_REDUCED = (torch.float16, torch.bfloat16)
+
+
+def _has_dtype(x, dtype) -> bool:
+    return not isinstance(x, _NUMBER) and x.dtype == dtype
 
 
 def _from_default(compute: torch.dtype, default: torch.dtype, probes: list) -> torch.dtype:
@@ -70,6 +88,14 @@ def _is_bool(x) -> bool:
     return not isinstance(x, _NUMBER) and x.dtype == jnp.bool_
 
 
+def _rounded_alpha(alpha, x, y):
+    """``alpha`` rounded to a float16/bfloat16 common dtype (Note [Scalars of half operands])."""
+    if type(alpha) in (bool, int) and alpha == 1:
+        return alpha
+    _, common = elementwise_dtypes(_probe(x), _probe(y), type_promotion_kind=Kind.DEFAULT)
+    return _dtypes.number(alpha, _dtypes.to_jax(common)) if common in _REDUCED else alpha
+
+
 def _scaled(y, alpha):
     if type(alpha) in (bool, int) and alpha == 1:
         return y
@@ -81,19 +107,22 @@ def _scaled(y, alpha):
 
 @lowering(aten.add.Tensor, aten.add.Scalar)
 def add(x, y, *, alpha=1):
-    x, y = promote(x, y)
+    alpha = _rounded_alpha(alpha, x, y)
+    x, y = promote(x, y, rounded=True)
     return x + _scaled(y, alpha)
 
 
 @lowering(aten.sub.Tensor, aten.sub.Scalar)
 def sub(x, y, *, alpha=1):
-    x, y = promote(x, y)
+    alpha = _rounded_alpha(alpha, x, y)
+    x, y = promote(x, y, rounded=True)
     return x - _scaled(y, alpha)
 
 
 @lowering(aten.rsub.Tensor, aten.rsub.Scalar)
 def rsub(x, y, *, alpha=1):
-    x, y = promote(x, y)
+    alpha = _rounded_alpha(alpha, x, y)
+    x, y = promote(x, y, rounded=True)
     return y - _scaled(x, alpha)
 
 
@@ -162,14 +191,14 @@ def floor_divide(x, y):
 
 @lowering(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
 def remainder(x, y):
-    x, y = promote(x, y)
+    x, y = promote(x, y, rounded=True)
     mod = jnp.fmod(x, y)
     return jnp.where((mod != 0) & ((y < 0) != (mod < 0)), mod + y, mod)
 
 
 @lowering(aten.fmod.Tensor, aten.fmod.Scalar)
 def fmod(x, y):
-    return jnp.fmod(*promote(x, y))  # C's fmod: the sign of x
+    return jnp.fmod(*promote(x, y, rounded=True))  # C's fmod: the sign of x
 
 
 def _int_pow(a, b):
@@ -186,14 +215,42 @@ def _int_pow(a, b):
 @lowering(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 def pow_(x, y):
     if type(y) is int and not isinstance(x, _NUMBER) and jnp.issubdtype(x.dtype, jnp.inexact):
+        if x.dtype == jnp.bfloat16 and y in (3, -2):  # CPU multiplies in bfloat16, rounding each product
+            square = x * x
+            return square * x if y == 3 else 1 / square
+        if x.dtype in (jnp.float16, jnp.bfloat16):  # else computed in float32 and rounded once, as on CPU
+            x = x.astype(jnp.float32)
         return lax.integer_pow(x, y)  # x * x for 2, as torch's CPU kernel
     scalar_exponent = isinstance(y, float) or (not isinstance(y, _NUMBER) and y.ndim == 0 and y.weak_type)
-    x, y = promote(x, y, kind=Kind.BOOL_TO_LONG)
+    unrounded, stored = y, None if isinstance(x, _NUMBER) else x.dtype
+    x, y = promote(x, y, kind=Kind.BOOL_TO_LONG, rounded=True)
     if _is_int(x):
         return _int_pow(x, y)
-    if scalar_exponent:  # torch's CPU kernel takes sqrt/rsqrt for these (pow(-inf, 0.5) is nan)
-        return jnp.where(y == 0.5, jnp.sqrt(x), jnp.where(y == -0.5, lax.rsqrt(x), jnp.power(x, y)))
-    return jnp.power(x, y)
+    power = _complex_pow(x, y, scalar_exponent) if jnp.issubdtype(x.dtype, jnp.complexfloating) else jnp.power(x, y)
+    if not scalar_exponent:
+        return power
+    # torch's CPU kernel takes sqrt/rsqrt for these (pow(-inf, 0.5) is nan) and multiplies for
+    # 2, 3 and -2 (a complex (1+1j) ** 2.0 is 2j exactly)
+    square = x * x
+    if stored == jnp.bfloat16:  # CPU multiplies bfloat16 in bfloat16, rounding each product
+        square = square.astype(stored).astype(x.dtype)
+    power = jnp.where(unrounded == -2, 1 / square, jnp.where(unrounded == 3, square * x, power))
+    power = jnp.where(unrounded == 2, x * x, power)
+    return jnp.where(unrounded == 0.5, jnp.sqrt(x), jnp.where(unrounded == -0.5, lax.rsqrt(x), power))
+
+
+def _complex_pow(x, y, scalar_exponent: bool):
+    """``x ** y`` for complex values. ``0 ** y`` is 0 for ``Re(y) > 0`` on CPU (XLA
+    gives nan); CPU's tensor-exponent kernel, ``exp(y * log(x))``, gives
+    ``inf+nanj`` for ``Re(y) < 0`` and ``nan+nanj`` otherwise."""
+    power = jnp.power(x, y)
+    zero = x == 0
+    real = jnp.real(y)
+    if not scalar_exponent:
+        nan = jnp.asarray(jnp.nan, real.dtype)
+        invalid = lax.complex(jnp.where(real < 0, jnp.asarray(jnp.inf, real.dtype), nan), nan)
+        power = jnp.where(zero, invalid.astype(power.dtype), power)
+    return jnp.where(zero & (real > 0), jnp.zeros_like(power), power)
 
 
 @lowering(aten.lerp.Scalar, aten.lerp.Tensor)
@@ -375,7 +432,7 @@ def signbit(x):
 
 def _compare(fn):
     def rule(x, y):
-        return fn(*promote(x, y))
+        return fn(*promote(x, y, rounded=True))
 
     rule.__qualname__ = rule.__name__ = f"compare_{fn.__name__}"
     return rule

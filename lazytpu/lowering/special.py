@@ -268,7 +268,7 @@ def zeta(x, q):
 
 @lowering(aten.atan2.default)
 def atan2(y, x):
-    return jnp.arctan2(*_float(y, x))
+    return jnp.arctan2(*promote(y, x, kind=Kind.INT_TO_FLOAT, rounded=True))  # Note [Scalars of half operands]
 
 
 @lowering(aten.copysign.Tensor, aten.copysign.Scalar)
@@ -278,7 +278,7 @@ def copysign(x, y):
 
 @lowering(aten.hypot.default)
 def hypot(x, y):
-    return jnp.hypot(*promote(x, y))
+    return jnp.hypot(*promote(x, y, rounded=True))
 
 
 @lowering(aten.fmax.default)
