@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import traceback
+import warnings
 
 import pytest
 import torch
@@ -121,3 +122,23 @@ def test_more_than_64_dims_get_a_clear_error(make):
     with pytest.raises(RuntimeError, match="tpu tensors have at most 64 dims"):
         make().cpu()
     assert torch.ones([1] * 64, device="tpu").sum().item() == 1.0
+
+
+@pytest.mark.parametrize(
+    "inplace",
+    [torch.Tensor.pow_, torch.Tensor.atan2_, torch.Tensor.fmod_, torch.Tensor.hypot_, torch.Tensor.clamp_min_],
+    ids=lambda f: f.__name__,
+)
+def test_inplace_op_whose_broadcast_shape_grows_self_raises_cpus_error(inplace):
+    """CPU's message, no resize warning, and ``self`` unchanged (tpu raised expand's
+    error after a "was resized" warning)."""
+    for device in ("cpu", "tpu"):
+        x = torch.ones(2, device=device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(
+                RuntimeError, match=r"^output with shape \[2\] doesn't match the broadcast shape \[2, 2\]$"
+            ):
+                inplace(x, torch.ones(2, 1, device=device))
+        assert not [str(w.message) for w in caught if "resized" in str(w.message)]
+        assert x.cpu().tolist() == [1.0, 1.0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 
 import torch
 
@@ -149,7 +150,9 @@ def run_inplace(func, functional, args, kwargs, route):
     self = args[0]
     key, _ = plan_key(func, args, kwargs)
     if key not in _INPLACE_CHECKED:
-        check_with_meta(func, args, kwargs)  # torch's errors (e.g. result type can't be cast)
+        with warnings.catch_warnings():  # some meta kernels resize self; the shape check below raises
+            warnings.filterwarnings("ignore", "An output with one or more elements was resized")
+            check_with_meta(func, args, kwargs)  # torch's errors (e.g. result type can't be cast)
         _INPLACE_CHECKED.add(key)
     if type(self) is LazyTensor:
         check_overlap(func, args, kwargs, self)
@@ -165,6 +168,10 @@ def run_inplace(func, functional, args, kwargs, route):
             return self
     else:
         result = _call_functional(func, functional, args, kwargs)
+    if isinstance(result, torch.Tensor) and result.shape != self.shape:  # torch's check, which some meta kernels skip
+        raise RuntimeError(
+            f"output with shape {list(self.shape)} doesn't match the broadcast shape {list(result.shape)}"
+        )
     if isinstance(result, torch.Tensor) and not torch.can_cast(result.dtype, self.dtype):
         # torch's check, which some meta kernels skip (``int_tensor.mul_(3.0)``)
         raise RuntimeError(
