@@ -230,6 +230,24 @@ def test_graph_cap_bounds_pending_ops():
     assert x.cpu().tolist() == [120.0] * 4
 
 
+def test_graph_cap_bounds_the_depth_of_a_chain_of_writes_through_views():
+    """``x[i] = v[i]`` in a loop is a chain of window writes, one deep each: cut by the
+    depth cap as other chains are (it was not: one 4,000-op program at the first read,
+    11 s and 1.9 GB to compile for 2,000 writes)."""
+    x = torch.zeros(10, 3).to("tpu")
+    v = torch.arange(30.0).reshape(10, 3).to("tpu")
+    lazytpu.sync()
+    with _config.MAX_PENDING_DEPTH.override(100):
+        lazytpu.metrics.reset()
+        for i in range(120):
+            x[i % 10] = v[i % 10] + i
+        assert lazytpu.metrics.snapshot()["syncs"].get("graph_cap", 0) >= 1
+    expected = torch.zeros(10, 3)
+    for i in range(120):
+        expected[i % 10] = torch.arange(30.0).reshape(10, 3)[i % 10] + i
+    assert torch.equal(x.cpu(), expected)
+
+
 def test_graph_cap_bounds_the_depth_of_what_is_pending():
     """A chain of dependent ops that never syncs is cut every
     LAZYTPU_MAX_PENDING_DEPTH ops (XLA's compile time grows faster than linearly

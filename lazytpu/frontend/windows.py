@@ -108,8 +108,9 @@ def write(t: LazyTensor, src: LazyTensor) -> None:
     if src.shape != t.shape:
         src = torch.ops.aten.expand.default(src, list(t.shape))
     write_value(t, read(src))
-    if t._lt_windowed:
-        context(t._lt_storage.graph.index).flush_if_due()
+    if t._lt_windowed:  # the graph cap, by count and by depth (x[i] = v in a loop is a chain of writes)
+        value = t._lt_storage.value
+        context(t._lt_storage.graph.index).flush_if_due(depth=value.node.depth if type(value) is Output else 0)
 
 
 def write_value(t: LazyTensor, value, graph=None) -> None:
