@@ -28,6 +28,10 @@ _TORCH_TO_JAX = {
     torch.bool: jnp.bool_,
     torch.complex64: jnp.complex64,
     torch.complex128: jnp.complex128,
+    torch.float8_e4m3fn: jnp.float8_e4m3fn,
+    torch.float8_e5m2: jnp.float8_e5m2,
+    torch.float8_e4m3fnuz: jnp.float8_e4m3fnuz,
+    torch.float8_e5m2fnuz: jnp.float8_e5m2fnuz,
 }
 _JAX_TO_TORCH = {np.dtype(v): k for k, v in _TORCH_TO_JAX.items()}
 # JAX has no complex32: it lives on device as complex64 whose parts are

@@ -566,3 +566,37 @@ def test_values_recorded_under_another_default_dtype_are_computed_in_it():
                 assert torch.equal(a.cpu(), e), (recorded, e)
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a, b = a.float(), b.float()
+    return a.dtype == b.dtype and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+@pytest.mark.parametrize("dtype", FLOAT8, ids=str)
+def test_float8_tensors_as_cpu(dtype):
+    """float8 tensors move, convert (CPU's saturation: inf -> 448 in e4m3fn, where
+    XLA gives NaN), index and concatenate as on CPU, and the ops CPU does not
+    compute in float8 raise its error (was: a TypeError at .to("tpu"), or a
+    deferred lowering failure for a float8 made on tpu)."""
+    values = torch.tensor([0.0, -0.0, 1e-3, 0.3, -3.3, 447.0, 449.0, 500.0, 6e4, 1e6, float("inf"), float("-inf")])
+    noise = torch.randn(20, generator=torch.Generator().manual_seed(0))
+    values = torch.cat([values, torch.tensor([float("nan")]), noise])
+    for source in (torch.float32, torch.float64, torch.bfloat16, torch.int64):
+        v = values.to(source) if source.is_floating_point else values.nan_to_num(0, 0, 0).clamp(-1e4, 1e4).to(source)
+        assert _same_values(v.to("tpu").to(dtype).cpu(), v.to(dtype)), source
+    x = values.to(dtype)
+    t = x.to("tpu")
+    index = torch.tensor([3, 0, 3, 12])
+    assert _same_values(t.cpu(), x)
+    assert _same_values(t.index_select(0, index.to("tpu")).cpu(), x.index_select(0, index))
+    assert _same_values(torch.cat([t, t]).cpu(), torch.cat([x, x]))
+    assert _same_values(torch.zeros(3, dtype=dtype, device="tpu").cpu(), torch.zeros(3, dtype=dtype))
+    assert _same_values(t.float().cpu(), x.float())
+    with pytest.raises(NotImplementedError, match="not implemented for 'Float8"):
+        t * 2
+    with pytest.raises(NotImplementedError, match="not implemented for 'Float8"):
+        t.sum()

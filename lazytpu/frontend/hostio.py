@@ -20,7 +20,15 @@ from lazytpu.ir import Aval, Data, Failed, Output
 # Note [bfloat16 transfers]: torch's ``numpy()`` has no bfloat16: a bfloat16
 # tensor moves as its bits, an int16 view on torch's side and
 # ``ml_dtypes.bfloat16`` on numpy's.
-_BITS = {torch.bfloat16: (torch.int16, ml_dtypes.bfloat16)}
+# dtypes numpy lacks: moved as their bits, read as ml_dtypes' types
+_BITS = {
+    torch.bfloat16: (torch.int16, ml_dtypes.bfloat16),
+    torch.float8_e4m3fn: (torch.uint8, ml_dtypes.float8_e4m3fn),
+    torch.float8_e5m2: (torch.uint8, ml_dtypes.float8_e5m2),
+    torch.float8_e4m3fnuz: (torch.uint8, ml_dtypes.float8_e4m3fnuz),
+    torch.float8_e5m2fnuz: (torch.uint8, ml_dtypes.float8_e5m2fnuz),
+}
+_BIT_NUMPY = {torch.int16: np.int16, torch.uint8: np.uint8}
 
 
 MAX_DIMS = 64  # numpy's, so JAX's: a tpu tensor's value has at most this many dims
@@ -85,7 +93,7 @@ def _host_base(t, reason: str) -> torch.Tensor:
     dtype = t.dtype if view_dtype(t) is None else storage.value.aval.dtype  # Note [Dtype views]
     bits = _BITS.get(dtype)
     if bits:
-        return torch.from_numpy(np.array(array, copy=True).view(np.int16)).view(dtype)
+        return torch.from_numpy(np.array(array, copy=True).view(_BIT_NUMPY[bits[0]])).view(dtype)
     base = torch.from_numpy(np.array(array, copy=True))
     return base.to(dtype) if base.dtype != dtype else base  # complex32 (Note [complex32 storage])
 
