@@ -429,6 +429,8 @@ _HALF_SCALAR_OPS = {
     "atan2_0d": lambda x, s: torch.atan2(x, torch.tensor(s, device=x.device)),
     "eq": lambda x, s: x == torch.tensor(s, dtype=x.dtype).item(),
     "lt": lambda x, s: x < s,
+    "xlogy": lambda x, s: torch.xlogy(x, s),  # and the log is rounded to half before the product
+    "xlog1py_tensor": lambda x, s: torch.special.xlog1py(x, torch.full_like(x, s)),
     "mul": lambda x, s: x * s,  # these read the number unrounded
     "div": lambda x, s: x / s,
     "floor_divide": lambda x, s: x // s,

@@ -59,9 +59,10 @@ def promote(*xs, kind=Kind.DEFAULT, rounded: bool = False) -> tuple:
 # operand to the op's common dtype before the kernel computes in float32: a
 # Python number or a 0-d tensor meeting a float16/bfloat16 tensor is rounded
 # to half first (``half + 2.3`` adds 2.30078125, ``fmod(half, 0.1)`` divides
-# by 0.0999755859375), in add, sub, fmod, remainder, pow, atan2 and the
-# comparisons. mul, div, floor_divide, lerp and addcmul read the number
-# unrounded (their kernels' ``original_scalar_value``); so do their rules.
+# by 0.0999755859375), in add, sub, fmod, remainder, pow, atan2, xlogy and
+# the comparisons (xlogy also rounds its log to half before the product).
+# mul, div, floor_divide, lerp and addcmul read the number unrounded (their
+# kernels' ``original_scalar_value``); so do their rules.
 _REDUCED = (torch.float16, torch.bfloat16)
 
 
@@ -88,11 +89,16 @@ def _is_bool(x) -> bool:
     return not isinstance(x, _NUMBER) and x.dtype == jnp.bool_
 
 
+def common_dtype(*xs, kind=Kind.DEFAULT) -> torch.dtype:
+    """The dtype torch casts the operands ``xs`` to (its result dtype for ``kind``)."""
+    return elementwise_dtypes(*(_probe(x) for x in xs), type_promotion_kind=kind)[1]
+
+
 def _rounded_alpha(alpha, x, y):
     """``alpha`` rounded to a float16/bfloat16 common dtype (Note [Scalars of half operands])."""
     if type(alpha) in (bool, int) and alpha == 1:
         return alpha
-    _, common = elementwise_dtypes(_probe(x), _probe(y), type_promotion_kind=Kind.DEFAULT)
+    common = common_dtype(x, y)
     return _dtypes.number(alpha, _dtypes.to_jax(common)) if common in _REDUCED else alpha
 
 

@@ -19,7 +19,8 @@ import jax.scipy.special as jss
 import torch
 from jax import lax
 
-from lazytpu.lowering.elementwise import Kind, divide_exactly, elu, promote
+from lazytpu import _dtypes
+from lazytpu.lowering.elementwise import Kind, common_dtype, divide_exactly, elu, promote
 from lazytpu.lowering.factories import is_integral, jax_dtype
 from lazytpu.lowering.registry import lowering
 
@@ -334,8 +335,12 @@ def logaddexp2(x, y):
 
 def _xlog(log):
     def rule(x, y):
-        x, y = _float(x, y)
-        value = jnp.where(x == 0, jnp.zeros_like(x), x * log(y))
+        common = common_dtype(x, y, kind=Kind.INT_TO_FLOAT)
+        x, y = promote(x, y, kind=Kind.INT_TO_FLOAT, rounded=True)
+        logged = log(y)
+        if common in (torch.float16, torch.bfloat16):  # CPU's half kernel rounds the log before the product
+            logged = logged.astype(_dtypes.to_jax(common)).astype(logged.dtype)
+        value = jnp.where(x == 0, jnp.zeros_like(x), x * logged)
         return jnp.where(jnp.isnan(y), y, value)
 
     return rule
