@@ -25,6 +25,9 @@ CASES = {
     "mode_out_values_dtype": lambda d: torch.mode(
         _t(10, dtype=torch.uint8).to(d), -1, True, out=(_t(10, dtype=torch.int8).to(d), _t(10, dtype=torch.long).to(d))
     ),
+    "heaviside_out_complex": lambda d: torch.heaviside(
+        _t(3).to(d), _t(3).to(d), out=torch.empty(3, dtype=torch.complex64).to(d)
+    ),
     "add_broadcast": lambda d: _t(2, 3).to(d) + _t(4).to(d),
     "mul_broadcast": lambda d: _t(2, 3).to(d) * _t(2, 4).to(d),
     "mm_shapes": lambda d: _t(2, 3).to(d) @ _t(4, 5).to(d),
