@@ -20,6 +20,7 @@ from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
     norms,
     pointwise_ext,
     pooling,
+    powers,
     random,
     reduction,
     reduction_ext,

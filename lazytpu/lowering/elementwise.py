@@ -23,12 +23,12 @@ from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
 
-_NUMBER = (bool, int, float, complex)
+NUMBER = (bool, int, float, complex)
 
 
 def _probe(v):
     """What torch's type promotion sees of a rule argument."""
-    if isinstance(v, _NUMBER):
+    if isinstance(v, NUMBER):
         return v
     if v.weak_type and v.ndim == 0:  # a lifted Python scalar (Note [Scalar lifting])
         if jnp.issubdtype(v.dtype, jnp.complexfloating):
@@ -67,7 +67,7 @@ _REDUCED = (torch.float16, torch.bfloat16)
 
 
 def _has_dtype(x, dtype) -> bool:
-    return not isinstance(x, _NUMBER) and x.dtype == dtype
+    return not isinstance(x, NUMBER) and x.dtype == dtype
 
 
 def _from_default(compute: torch.dtype, default: torch.dtype, probes: list) -> torch.dtype:
@@ -86,7 +86,7 @@ def _is_int(x) -> bool:
 
 
 def _is_bool(x) -> bool:
-    return not isinstance(x, _NUMBER) and x.dtype == jnp.bool_
+    return not isinstance(x, NUMBER) and x.dtype == jnp.bool_
 
 
 def common_dtype(*xs, kind=Kind.DEFAULT) -> torch.dtype:
@@ -205,58 +205,6 @@ def remainder(x, y):
 @lowering(aten.fmod.Tensor, aten.fmod.Scalar)
 def fmod(x, y):
     return jnp.fmod(*promote(x, y, rounded=True))  # C's fmod: the sign of x
-
-
-def _int_pow(a, b):
-    # torch's powi: exact integer powers, wrapping; negative exponents give
-    # 1, +-1 or 0 (c10/util/generic_math.h).
-    acc, base, e = jnp.ones_like(a), a, jnp.where(b < 0, 0, b)
-    for _ in range(8 * a.dtype.itemsize):
-        acc = jnp.where(e & 1, acc * base, acc)
-        base, e = base * base, e >> 1
-    neg = jnp.where(a == 1, 1, jnp.where(a == -1, jnp.where(b & 1, -1, 1), 0)).astype(a.dtype)
-    return jnp.where(b < 0, neg, acc)
-
-
-@lowering(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
-def pow_(x, y):
-    if type(y) is int and not isinstance(x, _NUMBER) and jnp.issubdtype(x.dtype, jnp.inexact):
-        if x.dtype == jnp.bfloat16 and y in (3, -2):  # CPU multiplies in bfloat16, rounding each product
-            square = x * x
-            return square * x if y == 3 else 1 / square
-        if x.dtype in (jnp.float16, jnp.bfloat16):  # else computed in float32 and rounded once, as on CPU
-            x = x.astype(jnp.float32)
-        return lax.integer_pow(x, y)  # x * x for 2, as torch's CPU kernel
-    scalar_exponent = isinstance(y, float) or (not isinstance(y, _NUMBER) and y.ndim == 0 and y.weak_type)
-    unrounded, stored = y, None if isinstance(x, _NUMBER) else x.dtype
-    x, y = promote(x, y, kind=Kind.BOOL_TO_LONG, rounded=True)
-    if _is_int(x):
-        return _int_pow(x, y)
-    power = _complex_pow(x, y, scalar_exponent) if jnp.issubdtype(x.dtype, jnp.complexfloating) else jnp.power(x, y)
-    if not scalar_exponent:
-        return power
-    # torch's CPU kernel takes sqrt/rsqrt for these (pow(-inf, 0.5) is nan) and multiplies for
-    # 2, 3 and -2 (a complex (1+1j) ** 2.0 is 2j exactly)
-    square = x * x
-    if stored == jnp.bfloat16:  # CPU multiplies bfloat16 in bfloat16, rounding each product
-        square = square.astype(stored).astype(x.dtype)
-    power = jnp.where(unrounded == -2, 1 / square, jnp.where(unrounded == 3, square * x, power))
-    power = jnp.where(unrounded == 2, x * x, power)
-    return jnp.where(unrounded == 0.5, jnp.sqrt(x), jnp.where(unrounded == -0.5, lax.rsqrt(x), power))
-
-
-def _complex_pow(x, y, scalar_exponent: bool):
-    """``x ** y`` for complex values. ``0 ** y`` is 0 for ``Re(y) > 0`` on CPU (XLA
-    gives nan); CPU's tensor-exponent kernel, ``exp(y * log(x))``, gives
-    ``inf+nanj`` for ``Re(y) < 0`` and ``nan+nanj`` otherwise."""
-    power = jnp.power(x, y)
-    zero = x == 0
-    real = jnp.real(y)
-    if not scalar_exponent:
-        nan = jnp.asarray(jnp.nan, real.dtype)
-        invalid = lax.complex(jnp.where(real < 0, jnp.asarray(jnp.inf, real.dtype), nan), nan)
-        power = jnp.where(zero, invalid.astype(power.dtype), power)
-    return jnp.where(zero & (real > 0), jnp.zeros_like(power), power)
 
 
 @lowering(aten.lerp.Scalar, aten.lerp.Tensor)
