@@ -11,16 +11,15 @@ import numpy as np
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
-from lazytpu import _caches, engine_flush, runtime
+from lazytpu import _caches, _dtypes, engine_flush, runtime
 from lazytpu.engine import context
 from lazytpu.frontend.tensor import DeviceStorage, LazyTensor, describe, device_storage, tag_storage, tpu_device
 from lazytpu.frontend.windows import new_tensor, view_dtype
 from lazytpu.ir import Aval, Data, Failed, Output
 
-# Note [bfloat16 transfers]: torch's ``numpy()`` has no bfloat16: a bfloat16
-# tensor moves as its bits, an int16 view on torch's side and
-# ``ml_dtypes.bfloat16`` on numpy's.
-# dtypes numpy lacks: moved as their bits, read as ml_dtypes' types
+# Note [bfloat16 transfers]: torch's ``numpy()`` has no bfloat16 (nor float8):
+# such a tensor moves as its bits, an int16 (uint8) view on torch's side and
+# ``ml_dtypes``' type on numpy's.
 _BITS = {
     torch.bfloat16: (torch.int16, ml_dtypes.bfloat16),
     torch.float8_e4m3fn: (torch.uint8, ml_dtypes.float8_e4m3fn),
@@ -28,7 +27,6 @@ _BITS = {
     torch.float8_e4m3fnuz: (torch.uint8, ml_dtypes.float8_e4m3fnuz),
     torch.float8_e5m2fnuz: (torch.uint8, ml_dtypes.float8_e5m2fnuz),
 }
-_BIT_NUMPY = {torch.int16: np.int16, torch.uint8: np.uint8}
 
 
 MAX_DIMS = 64  # numpy's, so JAX's: a tpu tensor's value has at most this many dims
@@ -93,7 +91,7 @@ def _host_base(t, reason: str) -> torch.Tensor:
     dtype = t.dtype if view_dtype(t) is None else storage.value.aval.dtype  # Note [Dtype views]
     bits = _BITS.get(dtype)
     if bits:
-        return torch.from_numpy(np.array(array, copy=True).view(_BIT_NUMPY[bits[0]])).view(dtype)
+        return torch.from_numpy(np.array(array, copy=True).view(_dtypes.to_jax(bits[0]))).view(dtype)
     base = torch.from_numpy(np.array(array, copy=True))
     return base.to(dtype) if base.dtype != dtype else base  # complex32 (Note [complex32 storage])
 

@@ -359,7 +359,6 @@ def make_plan(func, args, kwargs, rule, values) -> _Plan:
         check_generator(kwargs)
     meta_out = infer_meta(func, template, flat_values)
     check_kernel_dtypes(func, template, flat_values)
-    check_dims(func, flat_values, meta_out)
     lowered = template
     default = torch.get_default_dtype()
     if default is not torch.float32:  # Note [Default dtype in programs] in lazytpu._dtypes
@@ -371,16 +370,17 @@ def make_plan(func, args, kwargs, rule, values) -> _Plan:
         scalars.check_at_plan(func, args, kwargs, template, flat_values, meta_out)
         plan = _Plan(func, lowered, meta_out, rule, kwarg_device_index(kwargs))
         plan.scalar_check = scalars.per_call_check(func, kwargs, template, flat_values, meta_out)
+    check_dims(func, flat_values, plan.descs)
     plan.value_plan = value_checks.plan(func, args, kwargs, template, flat_values)
     return plan
 
 
-def check_dims(func, values: list, meta_out) -> None:
-    """A clear error for a value of more than ``hostio.MAX_DIMS`` dims, which CPU
-    torch computes (elementwise ops) and a device program cannot hold."""
-    metas = [meta_out] if isinstance(meta_out, torch.Tensor) else list(meta_out)
-    tensors = [t for m in metas for t in (m if _tensor_list(m) else (m,)) if isinstance(t, torch.Tensor)]
-    dims = max((t.dim() for t in [*values, *tensors] if isinstance(t, torch.Tensor)), default=0)
+def check_dims(func, values: list, descs: tuple) -> None:
+    """A clear error for a value (an input, or an output described by ``descs``) of
+    more than ``hostio.MAX_DIMS`` dims, which CPU torch computes (elementwise ops)
+    and a device program cannot hold."""
+    shapes = [d.shape for d in descs] + [v.shape for v in values if isinstance(v, torch.Tensor)]
+    dims = max(map(len, shapes), default=0)
     if dims > hostio.MAX_DIMS:
         raise RuntimeError(f"{func}: tpu tensors have at most {hostio.MAX_DIMS} dims (numpy's limit), got {dims}")
 
