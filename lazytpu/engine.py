@@ -386,7 +386,8 @@ class DeviceContext:
                 plan.error(check, at, plan.value(check, bits)), str(plan.func), source_text(pending.node.source)
             )
             errors.append(error)
-            engine_flush.fail_reached(pending, [other.graph for other in self.lanes.values()], error)
+            if not pending.harmless:  # Note [Failed writes change nothing] in lazytpu.frontend.checks.value_checks
+                engine_flush.fail_reached(pending, [other.graph for other in self.lanes.values()], error)
         lane.computed_checks = waiting
 
     def end_step(self) -> None:

@@ -111,6 +111,16 @@ CASES = {
     "fmod": (lambda d: torch.fmod(torch.tensor([1, 2]).to(d), torch.tensor([1, 0]).to(d)), aten.fmod.Tensor),
 }
 
+# the in-place index writes of CASES -> their target's value before the call, which it keeps
+# (Note [Failed writes change nothing] in lazytpu.frontend.checks.value_checks)
+KEPT = {
+    "index_put_accumulate": X,
+    "scatter_add_": X,
+    "index_add_": X,
+    "put_": X,
+    "masked_scatter_count": torch.zeros(4),
+}
+
 
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("eager_mode", MODES)
@@ -131,7 +141,9 @@ def test_bad_values_raise_torchs_error_at_the_next_host_read(name, eager_mode):
     assert str(actual.value) == f"{expected.value} ({op} recorded at {__file__}:{line})"
     assert unrelated.cpu().tolist() == [1.0, 3.0, 5.0, 7.0]  # computed all the same
     assert keep.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
-    if isinstance(out, torch.Tensor):  # the op's own result carries the error
+    if name in KEPT:  # an in-place index write that failed wrote nothing
+        assert out.cpu().tolist() == KEPT[name].tolist()
+    elif isinstance(out, torch.Tensor):  # the op's own result carries the error
         with pytest.raises(RuntimeError, match="could not be computed"):
             out.cpu()
 
@@ -152,9 +164,9 @@ def test_strict_blocking_mode_raises_at_the_op(name):
 
 
 @pytest.mark.parametrize("name", ["put_", "index_add_", "scatter_add_", "bernoulli_tensor_p"])
-def test_an_inplace_ops_first_call_fails_its_target_in_strict_mode(name):
+def test_an_inplace_ops_first_call_treats_its_target_as_every_later_call_in_strict_mode(name):
     """As in a fresh process, where the functional op's route is not chosen yet:
-    the target fails with the op's error, as on every later call."""
+    a failed index write keeps its target, a failed bernoulli_ fails it, as on every later call."""
     fn, op = CASES[name]
     record.ROUTES.pop(record.ROUTES[op].functional if op in record.ROUTES else op, None)
     record.ROUTES.pop(op, None)
@@ -162,8 +174,94 @@ def test_an_inplace_ops_first_call_fails_its_target_in_strict_mode(name):
         out = fn("tpu")
         with pytest.raises((IndexError, RuntimeError), match=r"recorded at"):
             out.cpu()
+        if name in KEPT:
+            assert out.cpu().tolist() == KEPT[name].tolist()
+        else:
+            with pytest.raises(RuntimeError, match="could not be computed"):
+                out.cpu()
+
+
+def _view_of_rows(d):
+    base = torch.arange(12.0).reshape(4, 3).to(d)
+    base[1:3].index_copy_(1, torch.tensor([0, 3]).to(d), torch.ones(2, 2).to(d))  # a view's write
+    return base
+
+
+# name -> fn(device) -> the target of a failed in-place index write, or the
+# write itself when it returns its target
+WRITES = {
+    "setitem": lambda d: _written(_x(d), lambda t: t.__setitem__(torch.tensor([0, 7]).to(d), 100.0)),
+    "setitem_negative": lambda d: _written(_x(d), lambda t: t.__setitem__(torch.tensor([-7, 1]).to(d), 50.0)),
+    "setitem_two_indices": lambda d: _written(
+        _x(d), lambda t: t.__setitem__((torch.tensor([0, 1]).to(d), torch.tensor([1, 2]).to(d)), 9.0)
+    ),
+    "setitem_of_a_view": lambda d: _written(
+        torch.arange(12.0).reshape(4, 3).to(d), lambda t: t[1:3].__setitem__(torch.tensor([2, 0]).to(d), 7.0)
+    ),
+    "index_copy_of_a_view": _view_of_rows,
+    "index_put_": lambda d: _x(d).index_put_((torch.tensor([1, -4]).to(d),), torch.tensor(5.0).to(d)),
+    "index_copy_": lambda d: _x(d).index_copy_(0, torch.tensor([1, 3]).to(d), ONES.to(d)),
+    "index_fill_": lambda d: _x(d).index_fill_(1, torch.tensor([1, -3]).to(d), -1.0),
+    "index_add_": lambda d: _x(d).index_add_(0, torch.tensor([2, 3]).to(d), ONES.to(d), alpha=2),
+    "index_reduce_": lambda d: _x(d).index_reduce_(0, torch.tensor([0, 3]).to(d), ONES.to(d) * 3, "prod"),
+    "scatter_": lambda d: _x(d).scatter_(1, torch.tensor([[0, 2]]).to(d), 8.0),
+    "scatter_src": lambda d: _x(d).scatter_(0, torch.tensor([[1, 3]]).to(d), ONES.to(d)),
+    "scatter_reduce_mean": lambda d: _x(d).scatter_reduce_(
+        0, torch.tensor([[1, 3]]).to(d), ONES.to(d), "mean", include_self=False
+    ),
+    "put_accumulate": lambda d: _x(d).put_(torch.tensor([0, 6]).to(d), torch.ones(2).to(d), accumulate=True),
+    "masked_scatter_": lambda d: _x(d).masked_scatter_(torch.ones(3, 2, dtype=torch.bool).to(d), torch.ones(5).to(d)),
+    "zero_dim": lambda d: torch.tensor(3.0).to(d).index_fill_(0, torch.tensor(1).to(d), 0.0),
+}
+
+
+def _written(target, write):
+    write(target)
+    return target
+
+
+@pytest.mark.parametrize("name", list(WRITES))
+@pytest.mark.parametrize("eager_mode", MODES)
+def test_a_failed_index_write_leaves_its_target_as_it_was(name, eager_mode):
+    """Note [Failed writes change nothing] in lazytpu.frontend.checks.value_checks:
+    torch's error at the next host read, and then the target, and what was
+    computed from it since, read as if the write had not run (CPU wrote the
+    elements before the bad one, part of them in some of these cases)."""
+    unchanged = torch.arange(12.0).reshape(4, 3) if "view" in name else X
+    with pytest.raises((IndexError, RuntimeError)) as expected:
+        WRITES[name]("cpu")
+    with mode(eager_mode):
+        target = WRITES[name]("tpu")
+        doubled = target * 2
+        with pytest.raises(type(expected.value), match=r"recorded at"):
+            target.cpu()
+        expect = torch.tensor(3.0) if name == "zero_dim" else unchanged
+        assert target.cpu().tolist() == expect.tolist()
+        assert doubled.cpu().tolist() == (expect * 2).tolist()
+        target.add_(1)  # and it goes on being used
+        assert target.cpu().tolist() == (expect + 1).tolist()
+
+
+@pytest.mark.parametrize("eager_mode", MODES)
+def test_a_failed_functional_index_write_fails_its_result(eager_mode):
+    """``y = x.index_put(...)`` with a bad index makes a tensor CPU never made:
+    it fails, while ``x`` keeps its value."""
+    with mode(eager_mode):
+        x = _x("tpu")
+        y = x.index_copy(0, torch.tensor([1, 3]).to("tpu"), ONES.to("tpu"))
+        with pytest.raises(IndexError, match="index_copy_"):
+            y.cpu()
         with pytest.raises(RuntimeError, match="could not be computed"):
-            out.cpu()
+            y.cpu()
+        assert x.cpu().tolist() == X.tolist()
+
+
+def test_strict_blocking_keeps_the_target_of_a_failed_index_write():
+    with mode("strict-blocking"):
+        x = _x("tpu")
+        with pytest.raises(IndexError, match="index 7 is out of bounds"):
+            x[torch.tensor([0, 7]).to("tpu")] = 1.0
+        assert x.cpu().tolist() == X.tolist()
 
 
 @pytest.mark.parametrize("eager_mode", MODES)
@@ -198,12 +296,14 @@ def test_values_computed_from_a_failed_op_in_later_programs_fail_with_it(eager_m
         lambda d: F.one_hot(torch.tensor([0, 2]).to(d), 3),
         lambda d: _ints(d).masked_fill(_mask(d), torch.tensor(-(2.0**31)).to(d)),
         lambda d: _x(d)[torch.tensor([], dtype=torch.long).to(d)],
+        lambda d: _x(d).index_fill(1, torch.tensor([0, -1]).to(d), -1.0),
+        lambda d: torch.tensor(3.0).to(d).index_fill(0, torch.tensor(-1).to(d), 0.0),
     ],
 )
 def test_good_values_pass(fn):
     out = fn("tpu")
     torch.tpu.synchronize()
-    assert out.cpu().shape == fn("cpu").shape
+    assert out.cpu().tolist() == fn("cpu").tolist()
 
 
 def test_a_checked_step_runs_one_program_and_waits_for_nothing():

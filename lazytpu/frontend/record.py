@@ -301,9 +301,10 @@ def plan_key(func, args, kwargs) -> tuple[tuple, list]:
 def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: bool = True):
     """Record ``func`` as one node; return LazyTensors of its pending outputs.
 
-    With ``into`` (the target of an in-place op, a tensor owning its storage
-    with exactly the layout of ``func``'s single output), the storage of
-    ``into`` is re-bound to the output instead, and ``into`` is returned.
+    With ``into`` (the target of an in-place op), when ``into`` owns its
+    storage with exactly the layout of ``func``'s single output, the storage
+    of ``into`` is re-bound to the output instead, and ``into`` is returned;
+    otherwise the caller writes the outputs into it.
     ``flush=False``: strict mode does not run the node now (Note [Uninitialized
     factories] in device/registration).
     """
@@ -339,10 +340,10 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: b
             inputs.append(ctx.rng_value())
         node = Node(func, plan.template, tuple(inputs), plan.out_avals, location(3), plan.static)
         if plan.value_plan is not None:
-            plan.value_plan.record(ctx, node, inputs)
+            plan.value_plan.record(ctx, node, inputs, in_place=into is not None)
         if plan.random:
             ctx.graph.rng = Output(node, len(plan.out_avals) - 1)
-        if into is not None and plan.layout is None and plan.descs[0] is into._lt_desc:
+        if into is not None and plan.layout is None and plan.descs[0] is into._lt_desc and not into._lt_windowed:
             into._lt_storage.bind(Output(node, 0), lane.graph)  # an in-place op: no tensor in between
             ctx.recorded(node, task=False, lane=lane)  # noted above
             return into

@@ -25,6 +25,18 @@ def _wrap(index, size):
     return jnp.where(index < 0, index + size, index)
 
 
+def write_positions(indices: list, sizes: list, negative: bool = True) -> list:
+    """The positions an index write (a scatter) writes at: ``indices`` wrapped, or
+    all out of bounds, where the scatter drops them (``mode="drop"``), if any
+    index lies outside ``[-size, size)`` (``negative``) or ``[0, size)``: the
+    range its value check allows (Note [Failed writes change nothing] in
+    lazytpu.frontend.checks.value_checks)."""
+    bad = False
+    for index, size in zip(indices, sizes):
+        bad = bad | jnp.any((index < (-size if negative else 0)) | (index >= size))
+    return [jnp.where(bad, size, _wrap(index, size)) for index, size in zip(indices, sizes)]
+
+
 def _key(x, indices):
     """A numpy-style index tuple from aten's list of optional index tensors."""
     key = []
@@ -53,8 +65,12 @@ def index_put(x, indices, values, accumulate=False):
         return _put_masked(x, masks[0], indices[masks[0]], values, accumulate)
     if accumulate and x.dtype == jnp.bool_:
         return index_put(x.astype(jnp.int32), indices, values, True).astype(jnp.bool_)
-    at = x.at[_key(x, indices)]
-    return at.add(values) if accumulate else at.set(values)
+    dims = [d for d, idx in enumerate(indices) if idx is not None]
+    key = [slice(None)] * len(indices)
+    for d, position in zip(dims, write_positions([indices[d] for d in dims], [x.shape[d] for d in dims])):
+        key[d] = position
+    at = x.at[tuple(key)]
+    return at.add(values, mode="drop") if accumulate else at.set(values, mode="drop")
 
 
 def _put_masked(x, p, mask, values, accumulate):
@@ -81,9 +97,9 @@ def put(x, index, source, accumulate=False):
     if accumulate and x.dtype == jnp.bool_:
         return put(x.astype(jnp.int32), index, source, True).astype(jnp.bool_)
     flat = x.reshape(-1)
-    at = flat.at[_wrap(index.reshape(-1), flat.shape[0])]
+    at = flat.at[write_positions([index.reshape(-1)], [flat.shape[0]])[0]]
     source = source.reshape(-1).astype(x.dtype)
-    return (at.add(source) if accumulate else at.set(source)).reshape(x.shape)
+    return (at.add(source, mode="drop") if accumulate else at.set(source, mode="drop")).reshape(x.shape)
 
 
 def _axis_index(index, dim, ndim):
@@ -112,18 +128,18 @@ def _scatter(x, dim, index, src, reduce=None):
     src = jnp.broadcast_to(_dtypes.number(src, x.dtype), index.shape) if jnp.ndim(src) == 0 else src
     if jnp.ndim(src) and src.shape != index.shape:
         src = src[tuple(slice(0, n) for n in index.shape)]
-    at = x.at[_axis_index(_wrap(index, x.shape[dim]), dim, x.ndim)]
+    at = x.at[_axis_index(write_positions([index], [x.shape[dim]], negative=False)[0], dim, x.ndim)]
     src = src.astype(x.dtype)
     if reduce is None:
-        return at.set(src)
+        return at.set(src, mode="drop")
     if reduce in ("add", "sum"):
-        return at.add(src)
+        return at.add(src, mode="drop")
     if reduce in ("multiply", "prod"):
-        return at.multiply(src)
+        return at.multiply(src, mode="drop")
     if reduce == "amax":
-        return at.max(src)
+        return at.max(src, mode="drop")
     if reduce == "amin":
-        return at.min(src)
+        return at.min(src, mode="drop")
     raise NotImplementedError(f"scatter reduce={reduce!r}")
 
 
@@ -172,28 +188,34 @@ def _highest(dtype):
     return jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).max
 
 
-def _along(x, dim, index):
+def _along(x, dim, index, negative=False):
     key = [slice(None)] * x.ndim
-    key[dim] = _wrap(index, x.shape[dim])
+    key[dim] = write_positions([index], [x.shape[dim]], negative)[0]
     return tuple(key)
+
+
+def _scalar_write(x, index, value, negative=False):
+    """A 0-d ``x`` written at ``index`` (each 0, or -1 if ``negative``; else nothing is written)."""
+    ok = jnp.all((index == 0) | (index == -1)) if negative else jnp.all(index == 0)
+    return jnp.where(ok, jnp.asarray(value).astype(x.dtype).reshape(()), x)
 
 
 @lowering(aten.index_copy)
 def index_copy(x, dim, index, source):
     if x.ndim == 0:
-        return source.reshape(())
+        return _scalar_write(x, index, source)
     dim = dim % x.ndim
     index = index.reshape(-1)  # a 0-d index is one index, and its source may be 0-d
     shape = x.shape[:dim] + index.shape + x.shape[dim + 1 :]
-    return x.at[_along(x, dim, index)].set(source.reshape(shape).astype(x.dtype))
+    return x.at[_along(x, dim, index)].set(source.reshape(shape).astype(x.dtype), mode="drop")
 
 
 @lowering(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
 def index_fill(x, dim, index, value):
     if x.ndim == 0:
-        return _dtypes.number(value, x.dtype).reshape(())
+        return _scalar_write(x, index, _dtypes.number(value, x.dtype), negative=True)
     dim = dim % x.ndim
-    return x.at[_along(x, dim, index)].set(_dtypes.number(value, x.dtype))
+    return x.at[_along(x, dim, index, negative=True)].set(_dtypes.number(value, x.dtype), mode="drop")
 
 
 @lowering(aten.take)

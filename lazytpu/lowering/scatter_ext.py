@@ -118,10 +118,14 @@ def _rank(mask):
 def masked_scatter(x, mask, source):
     shape = jnp.broadcast_shapes(x.shape, mask.shape)
     x, mask = jnp.broadcast_to(x, shape), jnp.broadcast_to(mask, shape)
-    if source.size == 0:
+    if source.size == 0 or mask.size == 0:
         return x
-    taken = source.reshape(-1)[jnp.clip(_rank(mask), 0, source.size - 1)].reshape(shape)
-    return jnp.where(mask, taken.astype(x.dtype), x)
+    rank = _rank(mask)
+    taken = source.reshape(-1)[jnp.clip(rank, 0, source.size - 1)].reshape(shape)
+    # more True elements than source has: nothing is written (Note [Failed writes change nothing]
+    # in lazytpu.frontend.checks.value_checks)
+    enough = rank[-1] + mask.reshape(-1)[-1] <= source.size
+    return jnp.where(mask & enough, taken.astype(x.dtype), x)
 
 
 @lowering(aten.masked_scatter_backward)

@@ -22,6 +22,7 @@ import torch
 from jax import lax
 
 from lazytpu import _dtypes
+from lazytpu.lowering.indexing import write_positions
 from lazytpu.lowering.registry import lowering
 from lazytpu.lowering.strided import reinterpret
 
@@ -245,7 +246,9 @@ def index_add(x, dim, index, source, *, alpha=1):
     if x.dtype == jnp.bool_:  # Note [Bool accumulation] in lowering/indexing.py
         return index_add(x.astype(jnp.int32), dim, index, source.astype(jnp.int32), alpha=int(alpha)).astype(jnp.bool_)
     if x.ndim == 0:
-        return x + alpha * source.reshape(())
+        return jnp.where(jnp.all(index == 0), x + alpha * source.reshape(()), x)
     dim = wrap_dim(dim, x.ndim)
     source = source.reshape(source.shape if source.ndim else (1,))
-    return x.at[along_axis(dim, index.reshape(-1))].add((alpha * source).astype(x.dtype))
+    # Note [Failed writes change nothing] in lazytpu.frontend.checks.value_checks
+    (position,) = write_positions([index.reshape(-1)], [x.shape[dim]], negative=False)
+    return x.at[along_axis(dim, position)].add((alpha * source).astype(x.dtype), mode="drop")

@@ -84,11 +84,15 @@ class ValuePlan:
             probe = Template((Slot(0),), (("kind", check.kind), ("params", check.params)))
             self.probes.append((check, probe, op_sig(VALUE_CHECK, probe, _PROBE_AVALS)))
 
-    def record(self, ctx, node: Node | None, inputs: list, source=None, outputs: tuple = ()) -> None:
+    def record(
+        self, ctx, node: Node | None, inputs: list, source=None, outputs: tuple = (), in_place: bool = False
+    ) -> None:
         """Record the check nodes of one call of the op ``node`` (Note [Value checks]).
 
         ``node=None``: the op's ``outputs`` (storages) are materialized already
-        (a decomposed op in strict mode); ``source`` says where it was recorded."""
+        (a decomposed op in strict mode); ``source`` says where it was recorded.
+        ``in_place``: the op's result is written into its ``self`` (Note
+        [Failed writes change nothing])."""
         if not _config.VALUE_CHECKS.value:
             return
         lane = ctx.lane()
@@ -99,6 +103,7 @@ class ValuePlan:
             probe = Node(VALUE_CHECK, template, (inputs[check.leaf],), _PROBE_AVALS, source, sig)
             result = Storage(Output(probe, 0), graph, (1,))
             pending = PendingValueCheck(self, check, node if node is not None else probe, result)
+            pending.harmless = in_place and self.func in UNCHANGED_WHEN_BAD
             if node is None:  # fail them with the probe's own result (Note [Failure isolation])
                 pending.extra = [
                     (weakref.ref(s), result.value, weakref.ref(s.value.buffer))
@@ -171,6 +176,45 @@ class PendingValueCheck:
     settled: list | None = None
     extra: list | tuple = ()
     reached: dict | None = None  # Note [Checks across programs] in lazytpu.engine_flush
+    harmless: bool = False  # its op wrote nothing when it failed (Note [Failed writes change nothing])
+
+
+# Note [Failed writes change nothing]: an in-place index write whose index
+# is out of range (``x[bad] = v``, ``index_copy_``, ``scatter_``, ``put_``,
+# ``index_add_``, ``masked_scatter_`` with too few source elements) raises
+# on CPU before or part-way through its writes, and the target keeps its
+# data. On ``tpu`` the error is raised later (Note [Value checks]), after the
+# op's program ran, so the lowerings of these ops write nothing when any
+# index lies outside the range their check allows (``write_positions`` in
+# lazytpu.lowering.indexing sends every index out of bounds, where the scatter
+# drops it): their result is their ``self``, unchanged. An in-place call of
+# one (``harmless``) then fails no value when its check fails: the target,
+# and everything computed from it since, read as if the op had not run (CPU
+# wrote the elements before the bad one; lazytpu writes none). A functional
+# call (``y = x.index_put(...)``) still fails its result, a tensor that CPU
+# never made.
+_WRITES_ALONG = (  # writes at indices along one dim, each in [0, size)
+    aten.scatter.src,
+    aten.scatter.value,
+    aten.scatter.reduce,
+    aten.scatter.value_reduce,
+    aten.scatter_add.default,
+    aten.scatter_reduce.two,
+    aten.index_add.default,
+    aten.index_copy.default,
+    aten.index_reduce.default,
+)
+UNCHANGED_WHEN_BAD = frozenset(
+    {
+        *_WRITES_ALONG,
+        aten.index_put.default,
+        aten._unsafe_index_put.default,
+        aten.put.default,
+        aten.index_fill.int_Tensor,
+        aten.index_fill.int_Scalar,
+        aten.masked_scatter.default,
+    }
+)
 
 
 def plan(func, args, kwargs, template, values: list) -> ValuePlan | None:
@@ -218,22 +262,16 @@ def _advanced_index(self, indices, *rest, **kwargs):
     return found
 
 
-@checks(
-    aten.gather.default,
-    aten.index_select.default,
-    aten.scatter.src,
-    aten.scatter.value,
-    aten.scatter.reduce,
-    aten.scatter.value_reduce,
-    aten.scatter_add.default,
-    aten.scatter_reduce.two,
-    aten.index_add.default,
-    aten.index_copy.default,
-    aten.index_fill.int_Tensor,
-    aten.index_fill.int_Scalar,
-)
+@checks(aten.gather.default, aten.index_select.default, *_WRITES_ALONG)
 def _index_along(self, dim, index, *rest, **kwargs):
     return _index_range(self, dim, index)
+
+
+@checks(aten.index_fill.int_Tensor, aten.index_fill.int_Scalar)
+def _index_fill(self, dim, index, value):
+    """index_fill, alone of these ops, takes negative indices."""
+    size = _size(self, dim)
+    return [(index, "range", (-size, size), 0)] if _integral(index) else []
 
 
 @checks(aten.embedding.default)

@@ -158,7 +158,7 @@ def run_inplace(func, functional, args, kwargs, route):
         check_overlap(func, args, kwargs, self)
     known = ROUTES.get(functional) or route(functional)  # the first call writes into its target as every later one
     rule = known.rule if known is not None and known.kind == "recorded" else None
-    if rule is not None and type(self) is LazyTensor and not self._lt_windowed:
+    if rule is not None and type(self) is LazyTensor:
         call_args, call_kwargs = functional_args(func, functional, args, kwargs)
         try:
             result = record(functional, call_args, call_kwargs, rule, into=self)
