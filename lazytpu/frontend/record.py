@@ -339,16 +339,19 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: b
         if plan.random:
             inputs.append(ctx.rng_value())
         node = Node(func, plan.template, tuple(inputs), plan.out_avals, location(3), plan.static)
+        first = None  # what an in-place call writes, when not the node's first result
         if plan.value_plan is not None:
-            plan.value_plan.record(ctx, node, inputs, in_place=into is not None)
+            first = plan.value_plan.record(ctx, node, inputs, in_place=into is not None)
         if plan.random:
             ctx.graph.rng = Output(node, len(plan.out_avals) - 1)
         if into is not None and plan.layout is None and plan.descs[0] is into._lt_desc and not into._lt_windowed:
-            into._lt_storage.bind(Output(node, 0), lane.graph)  # an in-place op: no tensor in between
+            into._lt_storage.bind(first or Output(node, 0), lane.graph)  # an in-place op: no tensor in between
             ctx.recorded(node, task=False, lane=lane)  # noted above
             return into
         graph = lane.graph  # new_tensor_of, inlined: this is the per-op path
         outs = [LazyTensor(Storage(Output(node, i), graph, d.stride), d, True) for i, d in enumerate(plan.descs)]
+        if first is not None:
+            outs[0] = LazyTensor(Storage(first, graph, plan.descs[0].stride), plan.descs[0], True)
         ctx.recorded(node, flush, task=False, lane=lane)
     return plan.pack(outs)
 
@@ -372,7 +375,7 @@ def make_plan(func, args, kwargs, rule, values) -> _Plan:
         plan = _Plan(func, lowered, meta_out, rule, kwarg_device_index(kwargs))
         plan.scalar_check = scalars.per_call_check(func, kwargs, template, flat_values, meta_out)
     check_dims(func, flat_values, plan.descs)
-    plan.value_plan = value_checks.plan(func, args, kwargs, template, flat_values)
+    plan.value_plan = value_checks.plan(func, args, kwargs, template, flat_values, plan.out_avals[0])
     return plan
 
 

@@ -16,6 +16,7 @@ from jax import lax
 from lazytpu.lowering.registry import lowering
 
 VALUE_CHECK = "lazytpu.value_check"
+KEEP_IF_BAD = "lazytpu.keep_if_bad"
 
 
 def _out_of_range(x, lo, hi, ignore=None):
@@ -78,3 +79,11 @@ def value_check(x, *, kind, params):
     else:
         bits = value.astype(jnp.int64)
     return jnp.stack([jnp.where(bad[pos], pos, -1).astype(jnp.int64), bits])
+
+
+@lowering(KEEP_IF_BAD)
+def keep_if_bad(result, target, *probes):
+    """``result``, or ``target`` unchanged when a probe found a bad element (Note
+    [Failed writes change nothing] in lazytpu.frontend.checks.value_checks)."""
+    ok = jnp.all(jnp.stack([probe[0] < 0 for probe in probes]))
+    return jnp.where(ok, result, target)

@@ -44,7 +44,7 @@ from lazytpu.frontend.checks.probe import run_on
 from lazytpu.ir import Aval, Data, Node, Output, Storage
 from lazytpu.ir.node import op_sig
 from lazytpu.ir.template import Slot, Template
-from lazytpu.lowering.checks import VALUE_CHECK
+from lazytpu.lowering.checks import KEEP_IF_BAD, VALUE_CHECK
 
 aten = torch.ops.aten
 
@@ -75,35 +75,48 @@ _PROBE_AVALS = (Aval((2,), torch.int64),)
 class ValuePlan:
     """The value checks of one call signature, and how to replay the op on CPU."""
 
-    __slots__ = ("func", "template", "stand_ins", "checks", "probes")
+    __slots__ = ("func", "template", "stand_ins", "checks", "probes", "guard")
 
-    def __init__(self, func, template, stand_ins: list, checks: tuple[Check, ...]) -> None:
+    def __init__(self, func, template, stand_ins: list, checks: tuple[Check, ...], out_aval=None) -> None:
         self.func, self.template, self.stand_ins, self.checks = func, template, stand_ins, checks
         self.probes = []  # (check, the probe's template and interned signature), built once
         for check in checks:
             probe = Template((Slot(0),), (("kind", check.kind), ("params", check.params)))
             self.probes.append((check, probe, op_sig(VALUE_CHECK, probe, _PROBE_AVALS)))
+        self.guard = None  # the template and signature of its in-place calls' KEEP_IF_BAD node
+        if func in KEPT_BY_SELECT and out_aval is not None:
+            guard = Template(tuple(Slot(i) for i in range(2 + len(checks))), ())
+            self.guard = guard, op_sig(KEEP_IF_BAD, guard, (out_aval,))
 
     def record(
         self, ctx, node: Node | None, inputs: list, source=None, outputs: tuple = (), in_place: bool = False
-    ) -> None:
+    ) -> Output | None:
         """Record the check nodes of one call of the op ``node`` (Note [Value checks]).
 
         ``node=None``: the op's ``outputs`` (storages) are materialized already
         (a decomposed op in strict mode); ``source`` says where it was recorded.
         ``in_place``: the op's result is written into its ``self`` (Note
-        [Failed writes change nothing])."""
+        [Failed writes change nothing]).
+
+        Returns:
+            The value to write into ``self`` in place of the op's first result
+            when that is a ``KEEP_IF_BAD`` node's; else None.
+        """
         if not _config.VALUE_CHECKS.value:
-            return
+            return None
         lane = ctx.lane()
         graph = lane.graph
         if node is not None:
             source = node.source
+        harmless = in_place and self.func in UNCHANGED_WHEN_BAD
+        guarded = in_place and self.guard is not None and node is not None
+        probes = []
         for check, template, sig in self.probes:
             probe = Node(VALUE_CHECK, template, (inputs[check.leaf],), _PROBE_AVALS, source, sig)
-            result = Storage(Output(probe, 0), graph, (1,))
+            probes.append(Output(probe, 0))
+            result = Storage(probes[-1], graph, (1,))
             pending = PendingValueCheck(self, check, node if node is not None else probe, result)
-            pending.harmless = in_place and self.func in UNCHANGED_WHEN_BAD
+            pending.harmless = harmless or guarded
             if node is None:  # fail them with the probe's own result (Note [Failure isolation])
                 pending.extra = [
                     (weakref.ref(s), result.value, weakref.ref(s.value.buffer))
@@ -111,6 +124,11 @@ class ValuePlan:
                     if type(s.value) is Data
                 ]
             lane.value_checks.append(pending)  # not counted as a recorded op: the op it checks is
+        if not guarded:
+            return None
+        template, sig = self.guard
+        keep = Node(KEEP_IF_BAD, template, (Output(node, 0), inputs[0], *probes), sig.static[2], source, sig)
+        return Output(keep, 0)
 
     def value(self, check: Check, bits: int):
         """The checked element's value from the probe's bits."""
@@ -192,7 +210,14 @@ class PendingValueCheck:
 # and everything computed from it since, read as if the op had not run (CPU
 # wrote the elements before the bad one; lazytpu writes none). A functional
 # call (``y = x.index_put(...)``) still fails its result, a tensor that CPU
-# never made.
+# never made. The elementwise checked ops (an integer division by a zero
+# element, a ``masked_fill`` value that does not fit, ``bernoulli_``
+# probabilities outside [0, 1]) keep their target alike: an in-place call
+# writes a ``KEEP_IF_BAD`` node after the op, which selects the target's
+# old value when a probe found a bad element (one select, fused with the
+# op's own elementwise loop; a scatter's would be a pass over its whole
+# target, which the KV cache's ``index_copy_`` of each generated token
+# cannot afford).
 _WRITES_ALONG = (  # writes at indices along one dim, each in [0, size)
     aten.scatter.src,
     aten.scatter.value,
@@ -216,8 +241,19 @@ UNCHANGED_WHEN_BAD = frozenset(
     }
 )
 
+KEPT_BY_SELECT = frozenset(
+    {
+        aten.div.Tensor_mode,
+        aten.remainder.Tensor,
+        aten.fmod.Tensor,
+        aten.floor_divide.default,
+        aten.masked_fill.Tensor,
+        aten.bernoulli.Tensor,
+    }
+)
 
-def plan(func, args, kwargs, template, values: list) -> ValuePlan | None:
+
+def plan(func, args, kwargs, template, values: list, out_aval=None) -> ValuePlan | None:
     """The value checks of a call signature, or None (most ops)."""
     rule = RULES.get(func)
     if rule is None or "bounds" in _config.DEBUG.value and func in HOST_CHECKED:
@@ -230,7 +266,7 @@ def plan(func, args, kwargs, template, values: list) -> ValuePlan | None:
     if not found:
         return None
     stand_ins = [(tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v.value for v in values]
-    return ValuePlan(func, template, stand_ins, tuple(found))
+    return ValuePlan(func, template, stand_ins, tuple(found), out_aval)
 
 
 def _integral(t) -> bool:
