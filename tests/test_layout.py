@@ -44,7 +44,6 @@ def test_one_cpu_probe_for_every_check():
     }
     assert {
         "metas.py",
-        "record.py",
         "scalars.py",
         "kernel_checks.py",
         "overlap.py",

@@ -13,7 +13,9 @@ from torch.utils import _foreach_utils
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from lazytpu import _config
-from lazytpu.device import accelerator, autocast, checkpoint, sdpa, serialization, tpu
+from lazytpu.device import accelerator, autocast, backward_errors, checkpoint, sdpa, serialization, tpu
+from lazytpu.device.backward_errors import probe as _probe
+from lazytpu.device.backward_errors import rescue
 from lazytpu.device.module_conversion import keep_parameters
 from lazytpu.engine import context
 from lazytpu.frontend.checks import bounds
@@ -41,6 +43,10 @@ _PRIVATEUSE1 = torch._C._autograd.DeviceType.PrivateUse1
 
 class _DeviceGuard(torch._C._acc.DeviceGuard):
     def type_(self):
+        try:
+            _probe()  # Note [Errors in backward] in lazytpu.device.backward_errors
+        except BaseException as exc:  # noqa: BLE001 - an error left set by a hook, raised by backward()
+            rescue(exc)
         return _PRIVATEUSE1  # called twice per op: no attribute chain
 
 
@@ -186,3 +192,4 @@ def register() -> None:
     # threads off, backward runs on the thread that called it; results are
     # the same, and CPU-only autograd is unaffected (it never used them).
     torch.autograd.set_multithreading_enabled(False)
+    backward_errors.install()  # Note [Errors in backward] in lazytpu.device.backward_errors

@@ -52,7 +52,6 @@ from lazytpu.frontend.record import (
     ROUTES,
     Route,
     check_with_meta,
-    failed_outputs,
     record,
 )
 from lazytpu.frontend.routes import handlers  # noqa: F401  (registers the dispatch-level handlers)
@@ -249,6 +248,4 @@ def resolves(func) -> bool:
     return get_rule(func) is not None or func in DECOMPOSITIONS or func._can_decompose()
 
 
-tensor.install(
-    dispatch=dispatch, on_backward_error=failed_outputs, to_cpu=hostio.to_cpu, saved_storage=hostio.saved_storage
-)
+tensor.install(dispatch=dispatch, to_cpu=hostio.to_cpu, saved_storage=hostio.saved_storage)

@@ -10,7 +10,6 @@ Note [Resolution order], step 1.
 from __future__ import annotations
 
 import functools
-import warnings
 
 import torch
 from torch._decomp import decomposition_table
@@ -21,11 +20,10 @@ from lazytpu.engine import RNG_AVAL, context
 from lazytpu.frontend import hostio, schema
 from lazytpu.frontend.checks import scalars, value_checks
 from lazytpu.frontend.checks.kernel_checks import check_kernel_dtypes
-from lazytpu.frontend.checks.probe import run_on
 from lazytpu.frontend.metas import MetaUnavailable, infer_meta, value_key
 from lazytpu.frontend.tensor import LazyTensor, contiguous_strides, describe
-from lazytpu.frontend.windows import new_tensor_of, read
-from lazytpu.ir import Failed, Node, Output, Scalar, Storage
+from lazytpu.frontend.windows import read
+from lazytpu.ir import Node, Output, Scalar, Storage
 from lazytpu.ir.node import op_sig
 from lazytpu.ir.source import location
 from lazytpu.ir.template import Slot, Template, flatten
@@ -415,29 +413,6 @@ def check_with_meta(func, args, kwargs) -> None:
         pass
     check_kernel_dtypes(func, template, values)
     _DECOMPOSED_CHECKED.add(key)
-
-
-def failed_outputs(func, args, kwargs, error: Exception):
-    """Outputs of ``func`` whose values are ``error`` (Note [Errors in
-    backward]); shapes from the meta kernel, else from CPU on empty inputs."""
-    args_l, kwargs_l = lift(func, args, kwargs)
-    template, values = flatten(args_l, kwargs_l, pick)
-    wrapped = RuntimeError(f"lazytpu: {func} failed inside backward: {type(error).__name__}: {error}")
-    try:
-        out = run_on(func, template, values, "meta")
-    except Exception:  # noqa: BLE001 - fall through to the CPU shapes
-        try:
-            out = run_on(func, template, values, "cpu")
-        except Exception:  # noqa: BLE001 - nothing better to offer
-            raise error from None
-    index = device_index(values)
-    warnings.warn(str(wrapped), RuntimeWarning, stacklevel=2)
-
-    def make(m):
-        desc = describe(m.shape, m.stride(), 0, m.numel(), m.dtype)
-        return new_tensor_of(Failed(wrapped, desc.aval), desc, index)
-
-    return map_tensors(out, torch.Tensor, make)
 
 
 def map_tensors(x, kind, fn):

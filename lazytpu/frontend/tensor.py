@@ -27,14 +27,14 @@ class Backend:
     ops and move data (they import it), yet ``__torch_dispatch__``, ``tolist``
     and ``torch.save`` need them. Rather than importing upward, the tensor
     type has one install point: ``lazytpu.frontend.dispatch`` installs the
-    resolver, the backward-error handler and the host transfers when it is
+    resolver and the host transfers when it is
     imported, and routes that re-enter the resolver call ``redispatch``.
     """
 
-    __slots__ = ("dispatch", "on_backward_error", "to_cpu", "saved_storage")
+    __slots__ = ("dispatch", "to_cpu", "saved_storage")
 
     def __init__(self) -> None:
-        self.dispatch = self.on_backward_error = self.to_cpu = self.saved_storage = None
+        self.dispatch = self.to_cpu = self.saved_storage = None
 
 
 BACKEND = Backend()
@@ -398,16 +398,9 @@ class LazyTensor(torch.Tensor):
             return NotImplemented  # its own __torch_dispatch__ unwraps it, then calls us again
         if cls is not LazyTensor:  # an uninitialized parameter on tpu (Note [Lazy modules on tpu] in module_conversion)
             args, kwargs = _plain((args, kwargs or {}))
-        try:
-            return BACKEND.dispatch(func, args, kwargs or {})
-        except Exception as exc:
-            # Note [Errors in backward]: a Python exception leaving a backend
-            # kernel inside autograd's engine aborts the process (torch's
-            # Python backend hooks are called with the error set). Inside
-            # backward, the error is deferred into the op's outputs instead.
-            if torch._C._current_graph_task_id() == -1:
-                raise
-            return BACKEND.on_backward_error(func, args, kwargs or {}, exc)
+        # inside backward, an error raised here is taken by the device guard and
+        # raised by backward() (Note [Errors in backward] in lazytpu.device.backward_errors)
+        return BACKEND.dispatch(func, args, kwargs or {})
 
     def __deepcopy__(self, memo):
         """``copy.deepcopy``, as torch's for a tensor with storage (Note [Deep copies])."""
