@@ -184,6 +184,16 @@ CASES = {
     "qr_half": lambda d: torch.linalg.qr(_t(3, 3, dtype=torch.float16).to(d)),
     "svd_bfloat16": lambda d: torch.linalg.svd(_t(3, 2, dtype=torch.bfloat16).to(d)),
     "eig_half": lambda d: torch.linalg.eig(_t(2, 2, dtype=torch.float16).to(d)),
+    # embedding_bag's dims (PyTorch's test_embedding.py on tpu: outputs of some shape, no error)
+    "embedding_bag_input_5d": lambda d: torch.embedding_bag(
+        _t(2, 6).to(d), torch.zeros(2, 0, 0, 6, 6, dtype=torch.long).to(d), torch.zeros(2, dtype=torch.long).to(d)
+    ),
+    "embedding_bag_offsets_5d": lambda d: torch._embedding_bag(
+        _t(2, 2).to(d), torch.ones(2, dtype=torch.long).to(d), torch.zeros(2, 0, 0, 6, 6, dtype=torch.long).to(d)
+    ),
+    "embedding_bag_weight_3d": lambda d: torch._embedding_bag_forward_only(
+        _t(2, 2, 2).to(d), torch.ones(2, dtype=torch.long).to(d), torch.zeros(2, dtype=torch.long).to(d)
+    ),
     "solve_half": lambda d: torch.linalg.solve(_t(2, 2, dtype=torch.float16).to(d), _t(2, dtype=torch.float16).to(d)),
     "ldl_factor_half": lambda d: torch.linalg.ldl_factor(_t(3, 3, dtype=torch.float16).to(d)),
     # random ops; their stand-ins' draws leave the CPU generator as it was
@@ -202,6 +212,12 @@ CASES = {
 # dim: sort(x, dim=2) of a 2-D tensor sorted dim 0) and index dtypes.
 AT_CALL_CASES = {
     # size checks of CPU kernels that meta kernels skip (Note [Meta shape fixes])
+    "fractional_max_pool3d_few_samples": lambda d: torch.ops.aten.fractional_max_pool3d(
+        _t(2, 2, 4, 4, 4).to(d), [2, 2, 2], [1, 1, 1], torch.rand(1, 2, 3).to(d)
+    ),
+    "fractional_max_pool3d_samples_of_other_channels": lambda d: torch.ops.aten.fractional_max_pool3d(
+        _t(2, 4, 4, 4).to(d), [2, 2, 2], [1, 1, 1], torch.rand(1, 3, 3).to(d)
+    ),
     "ctc_loss_empty_log_probs": lambda d: F.ctc_loss(
         torch.rand(0, 0, 4).to(d), *[torch.tensor([], dtype=torch.long).to(d)] * 3, reduction="none"
     ),

@@ -69,6 +69,22 @@ CASES = {
         lambda d: F.nll_loss(torch.zeros(1, 3, 2, 2).to(d), torch.tensor([[[0, 5], [1, 1]]]).to(d)),
         aten.nll_loss2d_forward.default,
     ),
+    "embedding_bag": (
+        lambda d: F.embedding_bag(torch.tensor([[1, 12]]).to(d), _x(d), mode="max"),
+        aten._embedding_bag_forward_only.default,
+    ),
+    "embedding_bag_first_offset": (
+        lambda d: F.embedding_bag(torch.tensor([1, 2, 0]).to(d), _x(d), torch.tensor([1, 2]).to(d)),
+        aten._embedding_bag_forward_only.default,
+    ),
+    "embedding_bag_offsets_decrease": (
+        lambda d: F.embedding_bag(torch.tensor([1, 2, 0]).to(d), _x(d), torch.tensor([0, 2, 1]).to(d)),
+        aten._embedding_bag_forward_only.default,
+    ),
+    "embedding_bag_offsets_past_the_end": (
+        lambda d: F.embedding_bag(torch.tensor([1, 2, 0]).to(d), _x(d), torch.tensor([0, 5]).to(d)),
+        aten._embedding_bag_forward_only.default,
+    ),
     "one_hot": (lambda d: F.one_hot(BAD.to(d), 3), aten.one_hot.default),
     "one_hot_negative": (lambda d: F.one_hot(torch.tensor([0, -1]).to(d), 3), aten.one_hot.default),
     "masked_fill_overflow": (
@@ -305,6 +321,8 @@ def test_values_computed_from_a_failed_op_in_later_programs_fail_with_it(eager_m
         lambda d: _x(d)[torch.tensor([], dtype=torch.long).to(d)],
         lambda d: _x(d).index_fill(1, torch.tensor([0, -1]).to(d), -1.0),
         lambda d: torch.tensor(3.0).to(d).index_fill(0, torch.tensor(-1).to(d), 0.0),
+        lambda d: F.embedding_bag(torch.tensor([1, 2, 0, 1]).to(d), _x(d), torch.tensor([0, 2, 2, 4]).to(d)),
+        lambda d: F.embedding_bag(torch.tensor([[1, 2], [0, 1]]).to(d), _x(d), mode="max"),
     ],
 )
 def test_good_values_pass(fn):

@@ -132,7 +132,31 @@ def _nonempty_log_probs(op):
     return checked
 
 
+def _embedding_bag_dims(op):
+    """``op`` (an ``_embedding_bag`` overload) with CPU's checks of its tensors' dims."""
+
+    def checked(weight, indices, offsets, *args, **kwargs):
+        for name, t, dims in (("input", indices, "1D or 2D"), ("offsets", offsets, "1D"), ("weight", weight, "2D")):
+            if f"{t.dim()}D" not in dims:
+                raise RuntimeError(f"{name} has to be a {dims} Tensor, but got Tensor of dimension {t.dim()}")
+        return op(weight, indices, offsets, *args, **kwargs)
+
+    return checked
+
+
+def _fractional_max_pool3d(x, kernel_size, output_size, samples):
+    """CPU's checks of the random samples, which the meta kernel skips (2-D's has them)."""
+    batch = x.shape[0] if x.dim() == 5 else 1
+    torch._check(samples.shape[0] >= batch, lambda: "Expect _random_samples.size(0) no less then input batch size.")
+    channels = x.shape[-4]
+    torch._check(samples.shape[1] == channels, lambda: "Expect _random_samples.size(1) equals to input channel size.")
+    return aten.fractional_max_pool3d.default(x, kernel_size, output_size, samples)
+
+
 FIXES = {
+    aten._embedding_bag.default: _embedding_bag_dims(aten._embedding_bag.default),
+    aten._embedding_bag_forward_only.default: _embedding_bag_dims(aten._embedding_bag_forward_only.default),
+    aten.fractional_max_pool3d.default: _fractional_max_pool3d,
     aten._ctc_loss.default: _nonempty_log_probs(aten._ctc_loss.default),
     aten._ctc_loss.Tensor: _nonempty_log_probs(aten._ctc_loss.Tensor),
     aten.multi_margin_loss.default: _multi_margin_loss,

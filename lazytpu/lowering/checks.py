@@ -33,6 +33,13 @@ def _count_above(x, n, shape):
     return (counts > n).reshape(shape)
 
 
+def _bad_offsets(x, n):
+    """embedding_bag's offsets: the first 0, none decreasing, none past ``n``."""
+    first = jnp.arange(x.shape[0]) == 0
+    previous = jnp.concatenate([x[:1], x[:-1]])
+    return (first & (x != 0)) | (x > n) | (x < previous)
+
+
 def _not_a_probability(x):
     return ~(x >= 0) | jnp.isinf(x)  # NaN fails x >= 0
 
@@ -59,6 +66,7 @@ PREDICATES = {
     "range": _out_of_range,
     "fits": _does_not_fit,
     "count_above": _count_above,
+    "offsets": _bad_offsets,
     "probability": _not_a_probability,
     "row_sums": _row_sum_not_positive,
     "unit_interval": _outside_unit_interval,

@@ -142,14 +142,21 @@ class ValuePlan:
         shape, dtype = self.stand_ins[check.leaf]
         bad = _REPLAYS.get(check.kind, _one_bad)(shape, dtype, check, position, value)
         leaves = [
-            bad if i == check.leaf else (torch.zeros((), dtype=s[1]).expand(s[0]) if type(s) is tuple else s)
-            for i, s in enumerate(self.stand_ins)
+            bad if i == check.leaf else (_zeros(*s) if type(s) is tuple else s) for i, s in enumerate(self.stand_ins)
         ]
         try:
             run_on(self.func, self.template, leaves, "cpu", stand_in=_as_it_is)
         except Exception as exc:  # noqa: BLE001 - torch's own error is what we want
             return exc
         return RuntimeError(f"{self.func}: value {value} at position {position} is not valid")
+
+
+def _zeros(shape, dtype) -> torch.Tensor:
+    """Zeros standing in for a tensor of the replayed call: expanded from one
+    element when large (a weight), real when small (some CPU kernels read an
+    index or offsets tensor as if it were contiguous)."""
+    zeros = torch.zeros((), dtype=dtype).expand(shape)
+    return zeros.contiguous() if zeros.numel() <= 1 << 16 else zeros
 
 
 def _as_it_is(leaf):
@@ -175,8 +182,16 @@ def _too_many(shape, dtype, check: Check, position: int, value) -> torch.Tensor:
     return bad
 
 
+def _bad_offset(shape, dtype, check: Check, position: int, value) -> torch.Tensor:
+    bad = torch.zeros(shape, dtype=dtype)
+    bad[position:] = value
+    if position >= 2:  # after a larger one (at 0 or 1, the first offset or the input's length decides)
+        bad[1:position] = value + 1
+    return bad
+
+
 # kind -> the checked tensor of a CPU call that fails as the device's values did
-_REPLAYS = {"row_sums": _bad_row, "count_above": _too_many}
+_REPLAYS = {"row_sums": _bad_row, "count_above": _too_many, "offsets": _bad_offset}
 
 
 @attrs.define(slots=True)
@@ -313,6 +328,16 @@ def _index_fill(self, dim, index, value):
 @checks(aten.embedding.default)
 def _embedding(weight, indices, *rest, **kwargs):
     return _index_range(weight, 0, indices)
+
+
+@checks(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def _embedding_bag(weight, indices, offsets, *rest, **kwargs):
+    """Indices in range, and the offsets of a 1-D input: the first 0, none
+    decreasing, none past the input's end."""
+    found = _index_range(weight, 0, indices)
+    if indices.dim() == 1 and _integral(offsets) and offsets.dim() == 1:
+        found.append((offsets, "offsets", (indices.numel(),), 0))
+    return found
 
 
 @checks(aten.take.default, aten.put.default)
