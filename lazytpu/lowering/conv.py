@@ -166,6 +166,9 @@ def convolution_backward(grad_output, x, w, *rest):
     if len(rest) == 8:
         rest = rest[1:]
     *attrs, output_mask = rest
+    if 0 in (x.size, w.size, grad_output.size):  # nothing flows: zeros of each shape (CPU's empty convolution)
+        grads = (jnp.zeros_like(x), jnp.zeros_like(w), jnp.zeros((), grad_output.dtype))  # the bias's: broadcast
+        return tuple(g for g, wanted in zip(grads, output_mask) if wanted)
     attrs = _attrs(x, *attrs)
     _, vjp = jax.vjp(lambda a, b: conv(a, b, *attrs).astype(grad_output.dtype), x, w)
     grad_x, grad_w = vjp(grad_output)

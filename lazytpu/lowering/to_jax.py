@@ -38,6 +38,8 @@ def cast_to(x, aval):
     if aval.dtype is torch.complex32:
         x = _dtypes.round_complex32(x)
     if x.shape != aval.shape:
+        if 0 in aval.shape:  # empty: its shape says all (a rule may give another shape for empty inputs)
+            return jnp.zeros(aval.shape, target)
         x = jnp.broadcast_to(x, aval.shape)
     return x
 
@@ -62,6 +64,8 @@ def _apply_rule(op, rule, args, kwargs, out_avals) -> tuple:
         result = rule.fn(*args, key=key_use, **kwargs)
         results = result if isinstance(result, tuple) else (result,)
         return tuple(cast_to(r, a) for r, a in zip(results, out_avals[:-1])) + (key_new,)
+    if out_avals and all(0 in a.shape for a in out_avals):  # nothing to compute (rules may fail on empty sizes)
+        return tuple(jnp.zeros(a.shape, _dtypes.to_jax(a.dtype)) for a in out_avals)
     result = rule.fn(*args, **kwargs)
     results = result if isinstance(result, (tuple, list)) else (result,)
     if len(results) != len(out_avals):
