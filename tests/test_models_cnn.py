@@ -83,6 +83,17 @@ def test_pooling_forward_backward(name):
     run_both(POOLS[name], torch.randn(shape, generator=gen).requires_grad_(), grad=True)
 
 
+def test_max_pool3d_of_an_unbatched_channels_last_input_keeps_cpus_layout():
+    """CPU gives such an input's outputs channels-last strides (the meta kernel does not):
+    PyTorch's test_max_pool3d_ndhwc on tpu."""
+    x = torch.randn(1, 3, 6, 5, 4).contiguous(memory_format=torch.channels_last_3d)[0].clone()
+    expected = F.max_pool3d(x, (3, 2, 2), return_indices=True)
+    actual = F.max_pool3d(x.to("tpu"), (3, 2, 2), return_indices=True)
+    for a, e in zip(actual, expected):
+        assert a.stride() == e.stride()
+        assert torch.equal(a.cpu(), e)
+
+
 def test_max_pool_ties_pick_the_first_index():
     x = torch.tensor([[[[1.0, 3.0, 3.0, 0.0], [3.0, 2.0, 0.0, 3.0]]]])
     run_both(lambda t: F.max_pool2d(t, 2, return_indices=True), x.requires_grad_(), grad=True)

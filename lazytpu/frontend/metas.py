@@ -153,7 +153,22 @@ def _fractional_max_pool3d(x, kernel_size, output_size, samples):
     return aten.fractional_max_pool3d.default(x, kernel_size, output_size, samples)
 
 
+def _max_pool3d(x, *args):
+    """CPU's layout for an unbatched input that is channels-last as a batch of one
+    (``max_pool3d_with_indices_out_cpu_template``); the meta kernel's is contiguous."""
+    out, indices = aten.max_pool3d_with_indices.default(x, *args)
+    one = x.unsqueeze(0)
+    if x.dim() == 4 and not one.is_contiguous() and one.is_contiguous(memory_format=torch.channels_last_3d):
+        return _channels_last_unbatched(out), _channels_last_unbatched(indices)
+    return out, indices
+
+
+def _channels_last_unbatched(t):
+    return t.unsqueeze(0).contiguous(memory_format=torch.channels_last_3d).squeeze(0)
+
+
 FIXES = {
+    aten.max_pool3d_with_indices.default: _max_pool3d,
     aten._embedding_bag.default: _embedding_bag_dims(aten._embedding_bag.default),
     aten._embedding_bag_forward_only.default: _embedding_bag_dims(aten._embedding_bag_forward_only.default),
     aten.fractional_max_pool3d.default: _fractional_max_pool3d,
