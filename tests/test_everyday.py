@@ -600,3 +600,15 @@ def test_float8_tensors_as_cpu(dtype):
         t * 2
     with pytest.raises(NotImplementedError, match="not implemented for 'Float8"):
         t.sum()
+
+
+@pytest.mark.parametrize("device", [None, "tpu"])
+def test_tensor_of_a_list_of_zero_dim_tpu_tensors(device):
+    """``torch.tensor([loss_a, loss_b])`` reads each element's value, as from CUDA
+    tensors (an internal assert in torch's fallback dispatch before)."""
+    values = torch.tensor([5, 7, 9]).to("tpu")
+    halves = values.float() * 0.5
+    made = torch.tensor([values[0], values[1], 3], device=device)
+    assert made.device.type == (device or "cpu")
+    assert made.tolist() == [5, 7, 3] and made.dtype is torch.int64
+    assert torch.tensor([[halves[0]], [halves[2]]], device=device).cpu().tolist() == [[2.5], [4.5]]

@@ -133,6 +133,13 @@ def _copy_from_and_resize(src, dst):
     return _copy_from(src, dst)
 
 
+def _local_scalar_dense(t):
+    """``item()`` reached with the Python key excluded (``torch.tensor([t0, t1])`` of
+    0-d tpu tensors): torch's boxed fallback cannot serve an op that has a Python
+    kernel under another key (its Meta one), so the op has a kernel of its own."""
+    return dispatch(aten._local_scalar_dense.default, (t,), {})
+
+
 def _backend_fallback(op, *args, **kwargs):
     """Ops that reach the ``tpu`` backend key without a LazyTensor argument
     (factories such as ``tril_indices(3, 3, device="tpu")``): resolve them
@@ -156,6 +163,7 @@ def register() -> None:
     lib.impl("arange.start_step", _arange, "PrivateUse1")
     lib.impl("_copy_from", _copy_from, "PrivateUse1")
     lib.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
+    lib.impl("_local_scalar_dense", _local_scalar_dense, "PrivateUse1")
     sdpa.register(lib)
     bounds.register(lib)
     _registered.append(lib)  # keep the library alive
