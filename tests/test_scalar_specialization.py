@@ -155,3 +155,25 @@ def test_a_learning_rate_schedule_compiles_one_program_more(opt_name):
         assert constant[1:3] == [0, 0] and warmup[1:3] == [1, 0]
     else:
         assert constant[1:3] == warmup[1:3] == [1, 1]
+
+
+def test_window_offsets_are_lifted_numbers():
+    """Note [Window offsets] in lazytpu.frontend.windows: reading and writing
+    ``t[:, k]`` in a loop over ``k`` compiles for the first offsets only (it
+    compiled one program per offset: PyTorch's test_sort on tpu)."""
+    source = torch.arange(60.0).reshape(5, 12)
+    for device in ("cpu", "tpu"):
+        base = source.to(device)
+        target = torch.zeros(5, 12).to(device)
+        target.sum().item()
+        sums, counts = [], []
+        for k in range(1, 12):
+            before = lazytpu.metrics.snapshot()["programs_compiled"]
+            sums.append(base[:, k].sum().item())
+            target[:, k] = base[:, k - 1] * 2
+            target.sum().item()
+            counts.append(lazytpu.metrics.snapshot()["programs_compiled"] - before)
+        if device == "cpu":
+            expected = sums, target.tolist()
+    assert (sums, target.cpu().tolist()) == expected
+    assert sum(counts[3:]) == 0, counts  # every later offset reuses the programs

@@ -14,7 +14,7 @@ import torch
 from lazytpu import _caches
 from lazytpu.engine import context
 from lazytpu.frontend.tensor import CONJ, NEG, LazyTensor, TensorDesc, describe
-from lazytpu.ir import Node, Output, Storage
+from lazytpu.ir import Node, Output, Scalar, Storage
 from lazytpu.ir.node import op_sig
 from lazytpu.ir.template import Slot, Template
 from lazytpu.lowering.strided import VIEW_READ, VIEW_WRITE, overlaps_itself
@@ -47,10 +47,20 @@ def view_dtype(t: LazyTensor):
     return dtype
 
 
-def _window_kwargs(t: LazyTensor) -> tuple:
+# Note [Window offsets]: a window's offset into its storage is a lifted number
+# (Note [Scalar lifting] in lazytpu.ir.node), its size and strides are static:
+# ``t[:, k]`` or ``cache[:, pos]`` read in a loop over ``k`` compiles a program
+# for its first offset and one more for the second, then every offset reuses
+# that one (it compiled one program per offset: PyTorch's test_sort on tpu
+# read 2,049 columns at a compile each). An offset of 0 (most views: a
+# transpose, a reshape, ``x[:n]``) stays static, an input less per view.
+
+
+def _window_kwargs(t: LazyTensor, offset_slot: int) -> tuple:
     d = t._lt_desc
     dtype = view_dtype(t)
-    kwargs = (("base_stride", t._lt_storage.stride), ("offset", d.offset), ("size", d.shape), ("stride", d.stride))
+    offset = Slot(offset_slot) if d.offset else 0  # Note [Window offsets]
+    kwargs = (("base_stride", t._lt_storage.stride), ("offset", offset), ("size", d.shape), ("stride", d.stride))
     if dtype is not None:
         kwargs = (kwargs[0], ("dtype", dtype), *kwargs[1:])
     bits = t._lt_bits  # Note [Math bits]: applied after a read, before a write
@@ -76,7 +86,8 @@ def _window_plan(op, t: LazyTensor) -> tuple:
     plan = _WINDOW_PLANS.get(key)
     if plan is None:
         read = op is VIEW_READ
-        template = Template((Slot(0),) if read else (Slot(0), Slot(1)), _window_kwargs(t))
+        args = (Slot(0),) if read else (Slot(0), Slot(1))
+        template = Template(args, _window_kwargs(t, len(args)))
         avals = (t._lt_desc.aval if read else base,)
         plan = _WINDOW_PLANS[key] = (template, avals, op_sig(op, template, avals))
     return plan
@@ -94,7 +105,8 @@ def read(t: LazyTensor):
     ctx = context(storage.graph.index)
     with ctx.graph.lock:
         template, avals, sig = _window_plan(VIEW_READ, t)
-        node = Node(VIEW_READ, template, (base,), avals, None, sig)
+        offset = t._lt_desc.offset
+        node = Node(VIEW_READ, template, (base, Scalar(offset)) if offset else (base,), avals, None, sig)
         value = Output(node, 0)
         t._lt_cache = (base, value)
         ctx.recorded(node, flush=False)  # no storage holds ``value``: its consumer flushes
@@ -128,7 +140,9 @@ def write_value(t: LazyTensor, value, graph=None) -> None:
     ctx = context(storage.graph.index)
     with ctx.lock:
         template, avals, sig = _window_plan(VIEW_WRITE, t)
-        node = Node(VIEW_WRITE, template, (storage.value, value), avals, None, sig)
+        offset = t._lt_desc.offset
+        inputs = (storage.value, value, Scalar(offset)) if offset else (storage.value, value)
+        node = Node(VIEW_WRITE, template, inputs, avals, None, sig)
         storage.bind(Output(node, 0), graph or ctx.graph)
         # a window sharing locations reads back what the write resolved, not ``value`` (Note [Overlapping writes])
         t._lt_cache = None if overlaps_itself(t._lt_desc.shape, t._lt_desc.stride) else (storage.value, value)

@@ -76,13 +76,25 @@ def _nested_plan(size, stride):
     return dims, extents
 
 
-def _grid(flat, offset, extents):
+def _reach(size, stride) -> int:
+    """How many elements from its offset a window's last element lies, plus one."""
+    return 1 + sum((n - 1) * s for n, s in zip(size, stride))
+
+
+def _padded(flat, offset, span: int, reach: int):
+    """``flat`` padded so that ``span`` elements from ``offset`` exist. A
+    lifted ``offset`` (a traced number, Note [Window offsets] in
+    lazytpu.frontend.windows) is known only to keep the window's ``reach``
+    inside ``flat``."""
+    need = offset + span - flat.shape[0] if isinstance(offset, int) else span - reach
+    return jnp.pad(flat, (0, need)) if need > 0 else flat
+
+
+def _grid(flat, offset, extents, reach: int):
     """``flat[offset:]`` padded and reshaped to ``extents`` (an index grid)."""
     span = math.prod(extents)
-    need = offset + span
-    if need > flat.shape[0]:
-        flat = jnp.pad(flat, (0, need - flat.shape[0]))
-    return flat[offset : offset + span].reshape(extents)
+    flat = _padded(flat, offset, span, reach)
+    return lax.dynamic_slice(flat, (offset,), (span,)).reshape(extents)
 
 
 def _gather_indices(size, stride, offset) -> np.ndarray:
@@ -113,12 +125,12 @@ def window(flat, size, stride, offset):
         return jnp.zeros(size, flat.dtype)
     plan = _nested_plan(size, stride)
     if plan is None:
-        return flat[_gather_indices(size, stride, offset)]
+        return flat[_gather_indices(size, stride, 0) + offset]
     dims, extents = plan
     if not dims:
         x = flat[offset]
         return jnp.broadcast_to(x, size)
-    grid = _grid(flat, offset, extents)
+    grid = _grid(flat, offset, extents, _reach(size, stride))
     x = grid[tuple(slice(0, size[d]) for d in dims) + (0,)]  # axes in stride order
     if len(dims) > 1:
         x = jnp.transpose(x, [dims.index(d) for d in sorted(dims)])
@@ -134,7 +146,7 @@ def write_window(flat, value, size, stride, offset):
     value = jnp.broadcast_to(value, size).astype(flat.dtype)
     plan = _nested_plan(size, stride)
     if plan is None or any(stride[d] == 0 and size[d] > 1 for d in range(len(size))):
-        idx = _gather_indices(size, stride, offset).reshape(-1)
+        idx = _gather_indices(size, stride, 0).reshape(-1) + offset
         if not overlaps_itself(size, stride):
             return flat.at[idx].set(value.reshape(-1))
         # A window whose elements share memory (``expand``, overlapping ``unfold``): of the
@@ -149,15 +161,14 @@ def write_window(flat, value, size, stride, offset):
         return flat.at[offset].set(value.reshape(-1)[0])
     n = flat.shape[0]
     span = math.prod(extents)
-    padded = jnp.pad(flat, (0, max(0, offset + span - n)))
-    grid = padded[offset : offset + span].reshape(extents)
+    padded = _padded(flat, offset, span, _reach(size, stride))
+    grid = lax.dynamic_slice(padded, (offset,), (span,)).reshape(extents)
     ordered = jnp.transpose(
         value.reshape(tuple(size[d] for d in range(len(size)) if d in dims)), [sorted(dims).index(d) for d in dims]
     )
     index = tuple(slice(0, size[d]) for d in dims) + (0,)
     grid = grid.at[index].set(ordered)
-    padded = padded.at[offset : offset + span].set(grid.reshape(-1))
-    return padded[:n]
+    return lax.dynamic_update_slice(padded, grid.reshape(-1), (offset,))[:n]
 
 
 def reinterpret(flat, dtype):
