@@ -233,3 +233,17 @@ def test_autocast_float16(name):
         out.float().sum().backward()
         assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in dev.parameters())
         torch.testing.assert_close(out.float().cpu(), expected.detach(), rtol=0, atol=5e-3)
+
+
+def test_lstm_backward_with_every_output_gradient_undefined():
+    """gradcheck's undefined-gradient check: the fused cell's backward gets no
+    gradients and returns none (an IndexError planning the call of no outputs)."""
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(4, 4).double()
+    x0 = torch.rand(1, 3, 4, dtype=torch.double)
+    for device in ("cpu", "tpu"):
+        x = x0.to(device).requires_grad_()
+        out, (h, c) = lstm.to(device)(x)
+        outs = [torch._C._functions.UndefinedGrad()(o) for o in (out, h, c)]
+        grads = torch.autograd.grad(outs, x, [torch.ones_like(o) for o in outs], allow_unused=True)
+        assert grads == (None,)

@@ -373,7 +373,7 @@ def make_plan(func, args, kwargs, rule, values) -> _Plan:
         plan = _Plan(func, lowered, meta_out, rule, kwarg_device_index(kwargs))
         plan.scalar_check = scalars.per_call_check(func, kwargs, template, flat_values, meta_out)
     check_dims(func, flat_values, plan.descs)
-    plan.value_plan = value_checks.plan(func, args, kwargs, template, flat_values, plan.out_avals[0])
+    plan.value_plan = value_checks.plan(func, args, kwargs, template, flat_values, next(iter(plan.out_avals), None))
     return plan
 
 
