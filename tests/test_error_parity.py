@@ -211,6 +211,11 @@ CASES = {
 # (Note [Dim checks] in kernel_checks.py; before, the lowering wrapped the
 # dim: sort(x, dim=2) of a 2-D tensor sorted dim 0) and index dtypes.
 AT_CALL_CASES = {
+    # PyTorch's test_nn.py on tpu: a 4-D input padded as 3-D by the meta kernel, then a lowering failure
+    "reflection_pad1d_4d": lambda d: torch.ops.aten.reflection_pad1d(_t(3, 3, 10, 10).to(d), [1, 1]),
+    "reflection_pad2d_empty_channels": lambda d: F.pad(_t(2, 0, 4, 4).to(d), (1, 1, 1, 1), mode="reflect"),
+    "replication_pad3d_6d": lambda d: torch.ops.aten.replication_pad3d(_t(2, 3, 3, 3, 4, 4).to(d), [1] * 6),
+    "one_hot_of_nothing": lambda d: F.one_hot(torch.empty(4, 0, dtype=torch.long).to(d)),
     # size checks of CPU kernels that meta kernels skip (Note [Meta shape fixes])
     "fractional_max_pool3d_few_samples": lambda d: torch.ops.aten.fractional_max_pool3d(
         _t(2, 2, 4, 4, 4).to(d), [2, 2, 2], [1, 1, 1], torch.rand(1, 2, 3).to(d)

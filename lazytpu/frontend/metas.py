@@ -144,6 +144,22 @@ def _embedding_bag_dims(op):
     return checked
 
 
+def _padding_dims(op, k: int):
+    """``op`` (a reflection or replication pad of ``k`` spatial dims) with CPU's check of
+    its input's dims, which the meta kernel skips (it pads a 4-D input as 3-D)."""
+
+    def checked(x, padding):
+        batched = x.dim() == k + 2
+        if x.dim() not in (k + 1, k + 2) or 0 in x.shape[1 if batched else 0 :]:
+            raise RuntimeError(
+                f"Expected {k + 1}D or {k + 2}D (batch mode) tensor with possibly 0 batch size and other non-zero "
+                f"dimensions for input, but got: {list(x.shape)}"
+            )
+        return op(x, padding)
+
+    return checked
+
+
 def _fractional_max_pool3d(x, kernel_size, output_size, samples):
     """CPU's checks of the random samples, which the meta kernel skips (2-D's has them)."""
     batch = x.shape[0] if x.dim() == 5 else 1
@@ -168,6 +184,11 @@ def _channels_last_unbatched(t):
 
 
 FIXES = {
+    **{
+        op: _padding_dims(op, k)
+        for k in (1, 2, 3)
+        for op in (getattr(aten, f"reflection_pad{k}d").default, getattr(aten, f"replication_pad{k}d").default)
+    },
     aten.max_pool3d_with_indices.default: _max_pool3d,
     aten._embedding_bag.default: _embedding_bag_dims(aten._embedding_bag.default),
     aten._embedding_bag_forward_only.default: _embedding_bag_dims(aten._embedding_bag_forward_only.default),

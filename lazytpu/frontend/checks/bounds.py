@@ -118,7 +118,9 @@ def one_hot(func, args, kwargs):
     if x.dtype is not torch.int64:
         raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
     if num_classes == -1:
-        num_classes = int(x.max().item()) + 1 if x.numel() else 0
+        if not x.numel():
+            raise RuntimeError("Can not infer total number of classes from empty tensor.")
+        num_classes = int(x.max().item()) + 1
     out = aten.eq.Tensor(x.unsqueeze(-1), aten.arange.default(num_classes, device=x.device)).long()
     checks = value_checks.plan(func, (x, num_classes), {}, Template((Slot(0), num_classes), ()), [x])
     if checks is not None:
