@@ -14,6 +14,8 @@ import torch
 
 import lazytpu
 from lazytpu import _config
+from lazytpu.lowering.checks import KEEP_IF_BAD, VALUE_CHECK
+from lazytpu.lowering.strided import VIEW_READ, VIEW_WRITE
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -22,7 +24,7 @@ GUIDE_PAGES = ("modes.md", "sync_points.md", "debugging.md", "env_vars.md", "api
 # precede the first generated report.
 GENERATED = {DOCS / "coverage.md", DOCS / "coverage.json"}
 # Names in the docs that look like attributes but are IR op names printed by the pending graph.
-IR_OP_NAMES = {"lazytpu.view_read"}
+IR_OP_NAMES = {VIEW_READ, VIEW_WRITE, VALUE_CHECK, KEEP_IF_BAD}
 
 
 def _read(name: str) -> str:
