@@ -75,7 +75,7 @@ _PROBE_AVALS = (Aval((2,), torch.int64),)
 class ValuePlan:
     """The value checks of one call signature, and how to replay the op on CPU."""
 
-    __slots__ = ("func", "template", "stand_ins", "checks", "probes", "guard")
+    __slots__ = ("func", "template", "stand_ins", "checks", "probes", "guard", "keeps_target")
 
     def __init__(self, func, template, stand_ins: list, checks: tuple[Check, ...], out_aval=None) -> None:
         self.func, self.template, self.stand_ins, self.checks = func, template, stand_ins, checks
@@ -83,10 +83,12 @@ class ValuePlan:
         for check in checks:
             probe = Template((Slot(0),), (("kind", check.kind), ("params", check.params)))
             self.probes.append((check, probe, op_sig(VALUE_CHECK, probe, _PROBE_AVALS)))
-        self.guard = None  # the template and signature of its in-place calls' KEEP_IF_BAD node
+        self.guard = None  # the template, avals and signature of its in-place calls' KEEP_IF_BAD node
         if func in KEPT_BY_SELECT and out_aval is not None:
-            guard = Template(tuple(Slot(i) for i in range(2 + len(checks))), ())
-            self.guard = guard, op_sig(KEEP_IF_BAD, guard, (out_aval,))
+            guard, avals = Template(tuple(Slot(i) for i in range(2 + len(checks))), ()), (out_aval,)
+            self.guard = guard, avals, op_sig(KEEP_IF_BAD, guard, avals)
+        # an in-place call's failed check fails nothing (Note [Failed writes change nothing])
+        self.keeps_target = func in UNCHANGED_WHEN_BAD or self.guard is not None
 
     def record(
         self, ctx, node: Node | None, inputs: list, source=None, outputs: tuple = (), in_place: bool = False
@@ -108,15 +110,14 @@ class ValuePlan:
         graph = lane.graph
         if node is not None:
             source = node.source
-        harmless = in_place and self.func in UNCHANGED_WHEN_BAD
-        guarded = in_place and self.guard is not None and node is not None
+        harmless = in_place and self.keeps_target
         probes = []
         for check, template, sig in self.probes:
             probe = Node(VALUE_CHECK, template, (inputs[check.leaf],), _PROBE_AVALS, source, sig)
             probes.append(Output(probe, 0))
             result = Storage(probes[-1], graph, (1,))
             pending = PendingValueCheck(self, check, node if node is not None else probe, result)
-            pending.harmless = harmless or guarded
+            pending.harmless = harmless
             if node is None:  # fail them with the probe's own result (Note [Failure isolation])
                 pending.extra = [
                     (weakref.ref(s), result.value, weakref.ref(s.value.buffer))
@@ -124,11 +125,10 @@ class ValuePlan:
                     if type(s.value) is Data
                 ]
             lane.value_checks.append(pending)  # not counted as a recorded op: the op it checks is
-        if not guarded:
+        if not in_place or self.guard is None:
             return None
-        template, sig = self.guard
-        keep = Node(KEEP_IF_BAD, template, (Output(node, 0), inputs[0], *probes), sig.static[2], source, sig)
-        return Output(keep, 0)
+        template, avals, sig = self.guard
+        return Output(Node(KEEP_IF_BAD, template, (Output(node, 0), inputs[0], *probes), avals, source, sig), 0)
 
     def value(self, check: Check, bits: int):
         """The checked element's value from the probe's bits."""
