@@ -518,3 +518,24 @@ def test_conv_transpose_bfloat16_paths(output_padding):
 
     with no_fallback():
         run_both(fn, x, w, bias, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("where", ["lengths", "targets and lengths"])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_ctc_loss_takes_cpu_lengths(where, reduction):
+    """As on CUDA, the lengths (and the targets) may stay on the CPU: torch
+    reads the lengths to the host anyway (they were refused: the mean divided
+    the tpu loss by a CPU tensor)."""
+    torch.manual_seed(0)
+    log_probs = torch.randn(6, 2, 4).log_softmax(2)
+    targets, il, tl = torch.tensor([[1, 2], [3, 3]]), torch.tensor([6, 5]), torch.tensor([2, 2])
+    lp_cpu, lp_tpu = log_probs.clone().requires_grad_(), log_probs.to("tpu").requires_grad_()
+    expected = torch.nn.functional.ctc_loss(lp_cpu, targets, il, tl, reduction=reduction)
+    tpu_targets = targets if where == "targets and lengths" else targets.to("tpu")
+    with no_fallback():
+        got = torch.nn.functional.ctc_loss(lp_tpu, tpu_targets, il, tl, reduction=reduction)
+        got.sum().backward()
+    expected.sum().backward()
+    assert got.device.type == "tpu"
+    torch.testing.assert_close(got.cpu(), expected)
+    torch.testing.assert_close(lp_tpu.grad.cpu(), lp_cpu.grad)

@@ -21,6 +21,7 @@ from lazytpu.engine import context
 from lazytpu.frontend.checks import bounds
 from lazytpu.frontend.dispatch import dispatch
 from lazytpu.frontend.record import record
+from lazytpu.frontend.routes import handlers
 from lazytpu.frontend.tensor import LazyTensor
 from lazytpu.lowering import get_rule
 
@@ -166,6 +167,7 @@ def register() -> None:
     lib.impl("_local_scalar_dense", _local_scalar_dense, "PrivateUse1")
     sdpa.register(lib)
     bounds.register(lib)
+    handlers.register(lib)
     _registered.append(lib)  # keep the library alive
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(_backend_fallback, "PrivateUse1")

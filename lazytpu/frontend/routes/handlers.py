@@ -355,6 +355,21 @@ def _host_lengths(input_lengths, target_lengths) -> tuple[list, list]:
     return _host_list(input_lengths), _host_list(target_lengths)
 
 
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction=1, zero_infinity=False):
+    """torch's ``ctc_loss`` of tensor lengths for ``tpu``, as its C++ runs it
+    for CPU and CUDA: the lengths are read to the host, wherever they live, and
+    the call goes on as ``ctc_loss.IntList``. Its composite path for tensor
+    subclasses would divide the tpu loss by the lengths, which a CPU tensor
+    cannot do with a tpu one (installed for AutogradPrivateUse1 by ``register``)."""
+    il, tl = _host_lengths(input_lengths, target_lengths)
+    return aten.ctc_loss.IntList(log_probs, targets, il, tl, blank, reduction, zero_infinity)
+
+
+def register(lib) -> None:
+    """Install ``ctc_loss`` in ``lib`` (device/registration's aten library)."""
+    lib.impl("ctc_loss.Tensor", ctc_loss, "AutogradPrivateUse1")
+
+
 @handles(aten._ctc_loss.Tensor)
 def ctc_loss_lengths(func, args, kwargs):
     lp, targets, il, tl, *rest = args
