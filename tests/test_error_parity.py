@@ -28,6 +28,8 @@ CASES = {
     "heaviside_out_complex": lambda d: torch.heaviside(
         _t(3).to(d), _t(3).to(d), out=torch.empty(3, dtype=torch.complex64).to(d)
     ),
+    "isposinf_out_float": lambda d: torch.isposinf(_t(3).to(d), out=torch.empty(3).to(d)),
+    "isneginf_out_int": lambda d: torch.isneginf(_t(3).to(d), out=torch.empty(3, dtype=torch.int64).to(d)),
     "add_broadcast": lambda d: _t(2, 3).to(d) + _t(4).to(d),
     "mul_broadcast": lambda d: _t(2, 3).to(d) * _t(2, 4).to(d),
     "mm_shapes": lambda d: _t(2, 3).to(d) @ _t(4, 5).to(d),
