@@ -73,7 +73,19 @@ def _copies(d):
     return [deep, shallow, c]
 
 
+def _prims_views(d):
+    """PrimTorch's views (``torch._refs``, Note [Prims views] in
+    lazytpu.frontend.routes.handlers): the same aliases and bits as the aten ones."""
+    prims = torch.ops.prims
+    x = _z(d)
+    conj, imag, real = prims.conj.default(x), prims.imag.default(x.conj()), prims.real.default(x.conj())
+    strided = prims.as_strided.default(x, (2, 2), (1, 4), 1)
+    strided.mul_(2)  # written through to x
+    return [x, conj, imag, real, strided, torch._refs.conj(x), torch._refs.imag(x.conj())]
+
+
 CASES = [
+    _prims_views,
     _base_write_seen_by_conj,
     _write_through_conj,
     _views_of_conj,
@@ -95,6 +107,11 @@ def test_math_bits_match_cpu(case, mode):
             assert (a.shape, a.stride(), a.dtype) == (e.shape, e.stride(), e.dtype)
             assert (a.is_conj(), a.is_neg()) == (e.is_conj(), e.is_neg())
             torch.testing.assert_close(a.cpu(), e)
+
+
+def test_prims_conj_of_a_real_tensor_raises_as_on_cpu():
+    with pytest.raises(RuntimeError, match="Expected complex dtype in prims.conj"):
+        torch.ops.prims.conj.default(torch.ones(2, device="tpu"))
 
 
 @pytest.mark.parametrize(

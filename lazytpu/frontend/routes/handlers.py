@@ -269,6 +269,30 @@ def linalg_check_errors(func, args, kwargs):
 handles(aten._conj.default, aten._neg_view.default)(math_bit_view)
 
 
+# Note [Prims views]: the prims that are views of their input run as the aten
+# views they stand for (what their CPU kernels call): run as views from their
+# meta kernels, ``prims.conj`` left the conjugate bit out and ``prims.imag`` of
+# a conjugate view lost its sign (the values came back unconjugated), and
+# ``prims.as_strided`` made a copy. Their meta kernels check the arguments first.
+_PRIMS_VIEWS = {
+    torch.ops.prims.real.default: aten.real.default,
+    torch.ops.prims.imag.default: aten.imag.default,
+    torch.ops.prims.as_strided.default: aten.as_strided.default,
+}
+
+
+@handles(*_PRIMS_VIEWS)
+def prims_view(func, args, kwargs):
+    check_with_meta(func, args, kwargs)
+    return _PRIMS_VIEWS[func](*args, **kwargs)
+
+
+@handles(torch.ops.prims.conj.default)
+def prims_conj(func, args, kwargs):
+    check_with_meta(func, args, kwargs)  # "Expected complex dtype in prims.conj" (Note [Prims views])
+    return math_bit_view(aten._conj.default, args, kwargs)
+
+
 # Note [CPU norm statistics]: for a half-precision input, CPU torch's layer
 # and batch norm kernels save the mean and inverse std in the input's dtype
 # (the meta kernels, as CUDA's, say float32), and batch norm outside training
