@@ -67,6 +67,18 @@ def test_numpy_fails_as_on_cuda():
         x.numpy()
 
 
+def test_dlpack_export_is_refused():
+    """A capsule would carry a stand-in pointer: numpy and torch read garbage
+    from it (torch.from_dlpack of the capsule made a tensor no op could use)."""
+    import numpy as np
+
+    x = torch.ones(2).to("tpu")
+    for export in (x.__dlpack__, lambda: np.from_dlpack(x)):
+        with pytest.raises(BufferError, match="can't export a tpu:0 device type tensor through DLPack"):
+            export()
+    assert torch.from_dlpack(x.cpu()).tolist() == [1.0, 1.0]
+
+
 def test_manual_seed_reproducible():
     torch.manual_seed(123)
     a = torch.randn(4, 4, device="tpu").cpu()

@@ -471,6 +471,15 @@ class LazyTensor(torch.Tensor):
             "Use Tensor.cpu() to copy the tensor to host memory first."
         )
 
+    def __dlpack__(self, *args, **kwargs):
+        """DLPack shares memory, and a tpu tensor's memory is not a pointer a
+        consumer can read (its storage's data pointer is a stand-in): refused,
+        as ``numpy()`` is, instead of a capsule of garbage."""
+        raise BufferError(
+            f"can't export a {self.device} device type tensor through DLPack. "
+            "Use Tensor.cpu() to copy the tensor to host memory first."
+        )
+
     def __reduce_ex__(self, protocol):
         """``torch.save``: a sync point; saved as torch saves a CUDA tensor, a
         window on a host copy of its storage tagged with its device, which
