@@ -12,7 +12,7 @@ import hypothesis.strategies as st
 import numpy as np
 import pytest
 import torch
-from conftest import assert_close, mode
+from conftest import assert_close, mode, no_fallback
 
 import lazytpu
 from lazytpu.lowering import factories
@@ -351,3 +351,25 @@ def test_random_parameter_check_of_0d_tensors_draws_nothing_on_cpu():
     out = torch.normal(mean, std)  # a new call signature: the check runs
     assert torch.equal(torch.get_rng_state(), state)
     assert out.shape == () and torch.isfinite(out.cpu())
+
+
+@pytest.mark.parametrize(
+    "draw, args, out_dtype",
+    [
+        (torch.rand, (2, 3), torch.float32),
+        (torch.rand, (2, 3), torch.float64),
+        (torch.randint, (10, (2, 3)), torch.int64),
+        (torch.randint, (-3, 10, (2, 3)), torch.int32),
+    ],
+)
+def test_random_factory_out_draws_as_the_factory(draw, args, out_dtype):
+    """``torch.rand(..., out=t)`` gives what ``torch.rand(..., device=t.device)``
+    gives after the same seed, as on CPU (it ran on CPU, from the CPU generator)."""
+    torch.manual_seed(7)
+    expected = draw(*args, dtype=out_dtype, device="tpu").cpu()
+    out = torch.empty(5, dtype=out_dtype, device="tpu")
+    torch.manual_seed(7)
+    with no_fallback():
+        result = draw(*args, out=out)
+    assert result is out and out.shape == (2, 3) and out.dtype is out_dtype
+    assert torch.equal(out.cpu(), expected)

@@ -17,7 +17,8 @@ from lazytpu.engine import DeferredCheck, context
 from lazytpu.frontend import hostio
 from lazytpu.frontend.checks.overlap import check_overlap
 from lazytpu.frontend.record import DECOMPOSITIONS, check_with_meta, handles, record
-from lazytpu.frontend.routes.views import check_in_bounds, math_bit_view, storage_nbytes
+from lazytpu.frontend.routes.views import check_in_bounds, math_bit_view, resize_to, storage_nbytes
+from lazytpu.frontend.schema import functional_of
 from lazytpu.frontend.tensor import LazyTensor, contiguous_strides, describe
 from lazytpu.frontend.windows import new_tensor, rebind_metadata, view_of, write
 from lazytpu.ir import Data, Failed, Output
@@ -404,6 +405,21 @@ def ctc_loss_lengths(func, args, kwargs):
 def ctc_loss_backward_lengths(func, args, kwargs):
     grad, lp, targets, il, tl, *rest = args
     return aten._ctc_loss_backward.default(grad, lp, targets, *_host_lengths(il, tl), *rest, **kwargs)
+
+
+@handles(aten.rand.out, aten.randint.out, aten.randint.generator_out, aten.randint.low_out)
+@handles(aten.randint.low_generator_out)
+def random_factory_out(func, args, kwargs):
+    """``torch.rand``/``randint(..., out=t)`` draw as the factory on ``t``'s
+    device does: the same numbers after the same seed. (torch's out= forms
+    have no kernel that reaches tpu's random ops: they ran on CPU, drawing
+    from the CPU generator.) A factory resizes its out tensor silently."""
+    kwargs = dict(kwargs)
+    out = kwargs.pop("out")
+    drawn = functional_of(func)(*args, **kwargs, dtype=out.dtype, device=out.device)
+    resize_to(out, drawn.shape, warn=False)
+    write(out, drawn)
+    return out
 
 
 @handles(aten.rrelu_with_noise.default)
