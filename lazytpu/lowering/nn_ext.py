@@ -179,7 +179,8 @@ def cdist_backward(grad, x1, x2, p, dist):
         lambda p: g * jnp.sign(diff),
         lambda p: jnp.where(r == 0, 0, g * diff / safe),
         lambda p: g * jnp.sign(diff) * (jnp.abs(diff) == r),
-        lambda p: jnp.where(r == 0, 0, g * jnp.sign(diff) * jnp.abs(diff) ** (p - 1) / safe ** (p - 1)),
+        # a zero difference contributes zero (below p = 1 its power is infinite)
+        lambda p: jnp.where((r == 0) | (diff == 0), 0, g * jnp.sign(diff) * jnp.abs(diff) ** (p - 1) / safe ** (p - 1)),
     )
     if isinstance(p, (int, float)):
         terms = branches[{0: 0, 1: 1, 2: 2, float("inf"): 3}.get(p, 4)](p)
