@@ -580,6 +580,7 @@ def _conversions_are_not_views(d):
 
 def _overlapping_writes_refused(d):
     x = torch.arange(16.0).reshape(4, 4).to(d)
+    i = torch.tensor([2, 1, 0]).to(d)
     errors = []
     for write in (
         lambda: x[:1].expand(3, 4).add_(1),  # more than one element refers to a single location
@@ -587,6 +588,8 @@ def _overlapping_writes_refused(d):
         lambda: x[1:].add_(x[:-1]),  # partial overlap of input and written-to tensor
         lambda: x.copy_(x.t()),
         lambda: torch.add(x[:-1], 1, out=x[1:]),
+        lambda: i.index_add_(0, i, i.clone()),  # the target as the index (it was written unchecked)
+        lambda: i.index_copy_(0, i.clone(), i),  # the target as the source
     ):
         try:
             write()
@@ -596,7 +599,7 @@ def _overlapping_writes_refused(d):
     assert all(errors), errors
     x[1:].copy_(x[:-1].clone())  # allowed: no overlap
     x.add_(x)  # allowed: the same memory
-    return [x, torch.tensor([len(e) for e in errors])]
+    return [x, i, torch.tensor([len(e) for e in errors])]
 
 
 def _expanded_view_index_put(d):

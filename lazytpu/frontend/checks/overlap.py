@@ -25,7 +25,7 @@ def check_overlap(func, args, kwargs, written: LazyTensor) -> None:
     """
     storage = written._lt_storage
     leaves = tensor_leaves((args, kwargs))
-    shared = any(t is not written and t._lt_storage is storage for t in leaves)
+    shared = sum(t._lt_storage is storage for t in leaves) > 1  # the target itself as another argument too
     overlapping = 0 in written.stride() and torch._debug_has_internal_overlap(written) == 1
     if not (shared or overlapping):
         return
