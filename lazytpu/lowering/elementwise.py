@@ -19,6 +19,8 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Kind
 from torch._prims_common import elementwise_dtypes
 
 from lazytpu import _dtypes
+from lazytpu.lowering import complex_math as cm
+from lazytpu.lowering.complex_math import complex_or
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
@@ -289,28 +291,29 @@ def _sigmoid(x):
     return 1 / (1 + jnp.exp(-x))  # torch's CPU formula (no tanh-based cancellation)
 
 
+# complex operands take complex_math's rules (Note [Complex special values])
 _UNARY = {
     # int inputs compute in the default float dtype
     Kind.INT_TO_FLOAT: {
-        aten.exp.default: jnp.exp,
-        aten.exp2.default: jnp.exp2,
-        aten.expm1.default: jnp.expm1,
-        aten.log.default: jnp.log,
-        aten.log1p.default: jnp.log1p,
-        aten.log2.default: jnp.log2,
-        aten.sqrt.default: jnp.sqrt,
-        aten.rsqrt.default: lax.rsqrt,
-        aten.reciprocal.default: _reciprocal,
-        aten.sin.default: jnp.sin,
-        aten.cos.default: jnp.cos,
-        aten.tanh.default: jnp.tanh,
-        aten.sigmoid.default: _sigmoid,
+        aten.exp.default: complex_or(jnp.exp, cm.exp),
+        aten.exp2.default: complex_or(jnp.exp2, cm.exp2),
+        aten.expm1.default: complex_or(jnp.expm1, cm.expm1),
+        aten.log.default: complex_or(jnp.log, cm.log),
+        aten.log1p.default: complex_or(jnp.log1p, cm.log1p),
+        aten.log2.default: complex_or(jnp.log2, cm.log2),
+        aten.sqrt.default: complex_or(jnp.sqrt, cm.sqrt),
+        aten.rsqrt.default: complex_or(lax.rsqrt, cm.rsqrt),
+        aten.reciprocal.default: complex_or(_reciprocal, cm.reciprocal),
+        aten.sin.default: complex_or(jnp.sin, cm.sin),
+        aten.cos.default: complex_or(jnp.cos, cm.cos),
+        aten.tanh.default: complex_or(jnp.tanh, cm.tanh),
+        aten.sigmoid.default: complex_or(_sigmoid, cm.sigmoid),
         aten.erf.default: lax.erf,
     },
     Kind.DEFAULT: {
         aten.neg.default: jnp.negative,
         aten.sign.default: _sign,
-        aten.sgn.default: _sign,
+        aten.sgn.default: complex_or(_sign, cm.sgn),
         aten.floor.default: _integral_or(jnp.floor),
         aten.ceil.default: _integral_or(jnp.ceil),
         aten.trunc.default: _integral_or(jnp.trunc),

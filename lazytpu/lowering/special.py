@@ -20,6 +20,8 @@ import torch
 from jax import lax
 
 from lazytpu import _dtypes
+from lazytpu.lowering import complex_math as cm
+from lazytpu.lowering.complex_math import complex_or
 from lazytpu.lowering.elementwise import Kind, common_dtype, divide_exactly, elu, promote
 from lazytpu.lowering.factories import is_integral, jax_dtype
 from lazytpu.lowering.registry import lowering
@@ -180,16 +182,16 @@ def _frac(x):
 
 
 _UNARY_FLOAT = {
-    aten.acos.default: jnp.arccos,
-    aten.acosh.default: jnp.arccosh,
-    aten.asin.default: jnp.arcsin,
-    aten.asinh.default: jnp.arcsinh,
-    aten.atan.default: jnp.arctan,
-    aten.atanh.default: jnp.arctanh,
-    aten.cosh.default: jnp.cosh,
-    aten.sinh.default: jnp.sinh,
-    aten.tan.default: jnp.tan,
-    aten.log10.default: jnp.log10,
+    aten.acos.default: complex_or(jnp.arccos, cm.acos),
+    aten.acosh.default: complex_or(jnp.arccosh, cm.acosh),
+    aten.asin.default: complex_or(jnp.arcsin, cm.asin),
+    aten.asinh.default: complex_or(jnp.arcsinh, cm.asinh),
+    aten.atan.default: complex_or(jnp.arctan, cm.atan),
+    aten.atanh.default: complex_or(jnp.arctanh, cm.atanh),
+    aten.cosh.default: complex_or(jnp.cosh, cm.cosh),
+    aten.sinh.default: complex_or(jnp.sinh, cm.sinh),
+    aten.tan.default: complex_or(jnp.tan, cm.tan),
+    aten.log10.default: complex_or(jnp.log10, cm.log10),
     aten.erfc.default: lax.erfc,
     aten.erfinv.default: _erfinv,
     aten.lgamma.default: lax.lgamma,
