@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import re
+import warnings
 
 import hypothesis
 import hypothesis.strategies as st
@@ -373,3 +374,22 @@ def test_random_factory_out_draws_as_the_factory(draw, args, out_dtype):
         result = draw(*args, out=out)
     assert result is out and out.shape == (2, 3) and out.dtype is out_dtype
     assert torch.equal(out.cpu(), expected)
+
+
+@pytest.mark.parametrize("fill", ["arange", "linspace", "logspace", "range"])
+def test_range_out_of_the_right_count_keeps_its_shape(fill):
+    """``torch.arange(0, 4, out=x.narrow(1, 1, 2))`` fills the 2x2 window in
+    its own order, as CPU does (it was resized to 4 contiguous elements at
+    the window's offset, writing over other elements of ``x``)."""
+    args = {"arange": (0, 4), "linspace": (0, 3, 4), "logspace": (0, 3, 4), "range": (0, 3)}[fill]
+
+    def run(d):
+        x, y, z = torch.zeros(2, 3, device=d), torch.zeros(2, 2, device=d), torch.zeros(5, device=d)
+        for out in (x.narrow(1, 1, 2), y.t(), z):
+            getattr(torch, fill)(*args, out=out)
+        return [t.cpu() for t in (x, y, z)]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch.range is deprecated
+        for got, expected in zip(run("tpu"), run("cpu")):
+            assert torch.equal(got, expected)

@@ -208,6 +208,10 @@ def _has_tensor(x) -> bool:
     return isinstance(x, torch.Tensor)
 
 
+# Ranges whose ``out=`` tensor of the right number of elements keeps its shape and strides:
+# torch resizes it only when the count differs, then fills it in its own order.
+_FILLS_ITS_SHAPE = frozenset({"arange", "linspace", "logspace", "range"})
+
 # Reductions whose ``out=`` form without a ``dtype`` computes in the out tensor's dtype.
 _OUT_SETS_DTYPE = frozenset({"sum", "nansum", "prod", "cumsum", "cumprod"})
 
@@ -243,9 +247,12 @@ def run_out(func, functional, args, kwargs):
         _check_out_dtypes(func, args, kwargs)
     # a factory (no tensor argument) resizes its out tensor silently, as torch's do
     warn = _has_tensor(args) or _has_tensor([v for k, v in kwargs.items() if k not in names])
+    fills = func._schema.name.split("::")[-1] in _FILLS_ITS_SHAPE
     for dst, src in zip(outs, results):
         if type(dst) is not LazyTensor:
             raise RuntimeError(f"Expected out tensor to be on tpu, but found it on {dst.device}")
+        if fills and dst.numel() == src.numel() and dst.shape != src.shape:
+            src = aten.reshape.default(src, dst.shape)
         resize_to(dst, src.shape, warn=warn)
         write(dst, src)
     if listed:
