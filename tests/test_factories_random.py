@@ -393,3 +393,15 @@ def test_range_out_of_the_right_count_keeps_its_shape(fill):
         warnings.simplefilter("ignore", UserWarning)  # torch.range is deprecated
         for got, expected in zip(run("tpu"), run("cpu")):
             assert torch.equal(got, expected)
+
+
+def test_random_bounds_are_checked_at_every_call():
+    """``random_(from, to)`` of values out of the dtype's range raises CPU's
+    error (it drew wrapped-around values), at every call: the bounds are
+    lifted numbers, not part of the call signature."""
+    t = torch.empty(3, dtype=torch.int8, device="tpu")
+    t.random_(0, 100)
+    t.random_(0, 128)
+    with pytest.raises(RuntimeError, match="to - 1 is out of bounds for signed char"):
+        t.random_(0, 1000)
+    assert 0 <= int(t.min()) and int(t.max()) < 128
