@@ -33,6 +33,8 @@ CASES = {
     "random_from_bool": lambda d: torch.empty(3, dtype=torch.bool, device=d).random_(-1, 1),
     "random_to_int8": lambda d: torch.empty(3, dtype=torch.int8, device=d).random_(0, 1000),
     "randint_complex": lambda d: torch.randint(6, (3,), dtype=torch.complex64, device=d),
+    "complex_mixed_dtypes": lambda d: torch.complex(_t(2).to(d), _t(2, dtype=torch.float64).to(d)),
+    "polar_mixed_dtypes": lambda d: torch.polar(_t(2).to(d), _t(2, dtype=torch.float64).to(d)),
     "add_broadcast": lambda d: _t(2, 3).to(d) + _t(4).to(d),
     "mul_broadcast": lambda d: _t(2, 3).to(d) * _t(2, 4).to(d),
     "mm_shapes": lambda d: _t(2, 3).to(d) @ _t(4, 5).to(d),

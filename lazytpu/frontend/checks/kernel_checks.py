@@ -21,6 +21,7 @@ _KERNEL_ERRORS = re.compile(
     r"|can't be cast to the desired output type"
     r"|Integer division with addcdiv|doesn't support tensors of type|(from|to - 1) is out of bounds for"
     r"|sorter must be a tensor of long dtype"  # searchsorted's sorter
+    r"|Expected object of scalar type"  # complex, polar: both parts of one dtype
     r"|backward calculation is triggered with a negative slope"
     # index, target and mask dtypes of the indexing ops (_INDEX_CHECKED)
     r"|Expected dtype int(32|64)\S* (or int64 )?for index|Expected a long tensor for index"
