@@ -24,6 +24,7 @@ from lazytpu import _config, engine_flush, metrics, runtime
 from lazytpu.engine_flush import DeferredCheck, located
 from lazytpu.ir import Aval, Data, Node, Output, PendingGraph
 from lazytpu.ir.graph import RandomCell
+from lazytpu.ir.node import RNG_AVAL
 from lazytpu.ir.source import source_text
 from lazytpu.lowering import lower_program, program_args
 from lazytpu.runtime.platform import ForkState, check_not_forked
@@ -63,8 +64,6 @@ def _mode_from_env() -> EagerMode:
         return EagerMode.DEFER_AND_FUSE if alias else EagerMode.DEFER_NEVER
     return EagerMode.DEFER_AND_FUSE
 
-
-RNG_AVAL = Aval((2,), torch.uint32)
 
 # Note [Step segments]: in defer mode a training step is dispatched in three
 # programs, not one. The lane's pending values are flushed, without waiting,

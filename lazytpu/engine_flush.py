@@ -227,7 +227,7 @@ def reached(pending) -> dict:
     """``{id(buffer): weakref}``: the buffers holding values that ``pending``
     (a ``PendingValueCheck`` whose program ran) fails (Note [Checks across programs])."""
     if pending.reached is None:
-        reaching = set(split_roots(pending.roots, [pending.node])[0])
+        reaching = set(split_roots(pending.roots, [pending.node], keys_pass=True)[0])
         pending.reached = {
             id(buffer()): buffer
             for _, value, buffer in [*pending.settled, *pending.extra]
@@ -242,7 +242,7 @@ def spread(pending, roots: list, settled: list) -> None:
     buffers = reached(pending)
     if not buffers:
         return
-    reaching = set(split_roots(roots, (), buffers)[0])
+    reaching = set(split_roots(roots, (), buffers, keys_pass=True)[0])
     for _, value, buffer in settled:
         if value in reaching and buffer() is not None:
             buffers[id(buffer())] = buffer
@@ -261,7 +261,7 @@ def fail_reached(pending, graphs, error: BaseException) -> None:
                     storage.value = Failed(error, value.aval)
         waiting = graph.pending_storages()
         if waiting:
-            reaching = set(split_roots([s.value for s in waiting], (), buffers)[0])
+            reaching = set(split_roots([s.value for s in waiting], (), buffers, keys_pass=True)[0])
             for storage in waiting:
                 if storage.value in reaching:
                     storage.value = Failed(error, storage.value.aval)

@@ -306,6 +306,29 @@ def test_values_computed_from_a_failed_op_in_later_programs_fail_with_it(eager_m
         assert kept.cpu().tolist() == (X * 2).tolist()
 
 
+@pytest.mark.parametrize("eager_mode", MODES)
+def test_a_failed_random_op_spares_the_random_state(eager_mode):
+    """A random op whose check fails fails its values, not the device's random
+    state (Note [Failed checks spare the random state] in lazytpu.ir.node): the
+    ops drawn after it, in the same program and later, compute (they failed
+    with its error, for good: dropout after a bad ``normal`` in a notebook)."""
+    with mode(eager_mode):
+        bad = torch.normal(0.0, torch.tensor(-1.0).to("tpu"))
+        drawn = torch.rand(3, device="tpu")
+        twice = bad * 2
+        with pytest.raises(RuntimeError, match="normal expects all elements of std >= 0.0"):
+            bad.cpu()
+        assert drawn.cpu().shape == (3,)
+        with pytest.raises(RuntimeError, match="could not be computed"):
+            twice.cpu()
+        flips = torch.bernoulli(torch.tensor([0.5, 2.0]).to("tpu"))
+        dropped = F.dropout(torch.ones(8).to("tpu"), 0.5)
+        with pytest.raises(RuntimeError, match="Expected p_in >= 0 && p_in <= 1"):
+            flips.cpu()
+        assert set(dropped.cpu().tolist()) <= {0.0, 2.0}
+        assert torch.rand(2, device="tpu").cpu().shape == (2,)
+
+
 @pytest.mark.parametrize(
     "fn",
     [

@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 
 from lazytpu.fusion.specialize import specialize
-from lazytpu.ir.node import Aval, Data, Failed, Node, Output, Scalar
+from lazytpu.ir.node import RNG_AVAL, Aval, Data, Failed, Node, Output, Scalar
 from lazytpu.ir.source import source_text
 
 # A reference inside a program: ("in", i) is the i-th input, (j, k) is the
@@ -183,20 +183,26 @@ def op_node(roots: list[Output], index: int) -> Node:
     return _topo_order(roots)[index]
 
 
-def split_roots(roots: list[Output], culprits, buffers: dict | None = None) -> tuple[list[Output], list[Output]]:
+def split_roots(
+    roots: list[Output], culprits, buffers: dict | None = None, keys_pass: bool = False
+) -> tuple[list[Output], list[Output]]:
     """``(reaching, others)``: the distinct roots whose value depends on one
     of the nodes ``culprits`` (or reads one of ``buffers``: ``{id(buffer):
-    weakref to it}``), and the rest, each in root order."""
+    weakref to it}``), and the rest, each in root order. With ``keys_pass``
+    (the culprits computed, but values that fail a check), a random op's
+    next key carries nothing: it does not depend on the op's values (Note
+    [Failed checks spare the random state])."""
     bad = {id(n) for n in culprits}
     memo: dict[int, bool] = {}
     for node in _topo_order(roots):  # inputs come before their users
         memo[id(node)] = id(node) in bad or any(
-            (type(v) is Output and memo[id(v.node)]) or (buffers and type(v) is Data and _held(buffers, v.buffer))
+            (type(v) is Output and memo[id(v.node)] and not (keys_pass and v.aval is RNG_AVAL))
+            or (buffers and type(v) is Data and _held(buffers, v.buffer))
             for v in node.inputs
         )
     reaching, others = [], []
     for r in dict.fromkeys(roots):
-        (reaching if memo[id(r.node)] else others).append(r)
+        (reaching if memo[id(r.node)] and not (keys_pass and r.aval is RNG_AVAL) else others).append(r)
     return reaching, others
 
 

@@ -31,6 +31,15 @@ class Aval:
         return n
 
 
+# Note [Failed checks spare the random state]: a random op's last output is
+# the device's next PRNG key, of this one aval object (compared by identity).
+# A key depends only on the key before it, never on the op's values: when a
+# value check fails (``normal`` of a negative std, ``bernoulli`` of p = 2), the
+# values computed from the op fail with its error, and the random state does
+# not: the ops drawn after it still run (``split_roots(keys_pass=True)``).
+RNG_AVAL = Aval((2,), torch.uint32)
+
+
 @attrs.frozen(slots=True, eq=False)
 class Data:
     """A materialized device buffer (opaque here). Identity is the buffer's."""
