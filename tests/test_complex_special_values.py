@@ -98,3 +98,10 @@ def test_conj_picks_lower_side_of_cut(name):
     z = torch.tensor([-2.0, -0.5, 2.0, 1.5], dtype=torch.complex64)
     fn = FUNCTIONS[name]
     _assert_same_values(z.conj(), fn(z.to("tpu").conj()).cpu(), fn(z.conj()), 1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_abs_of_an_infinite_part_is_infinite(dtype):
+    """``abs(inf + nanj)`` is inf, as CPU's hypot gives (it was NaN)."""
+    z = torch.tensor(SPECIAL, dtype=dtype)
+    torch.testing.assert_close(z.to("tpu").abs().cpu(), z.abs(), equal_nan=True, rtol=TOLERANCE[dtype]["rtol"], atol=0)

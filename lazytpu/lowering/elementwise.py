@@ -272,7 +272,11 @@ def _sign(x):
 
 
 def _abs(x):
-    return x if x.dtype == jnp.bool_ else jnp.abs(x)
+    if x.dtype == jnp.bool_:
+        return x
+    if jnp.iscomplexobj(x):  # hypot's rule, as CPU: an infinite part makes it infinite, NaN or not
+        return jnp.where(jnp.isinf(x.real) | jnp.isinf(x.imag), jnp.inf, jnp.abs(x)).astype(x.real.dtype)
+    return jnp.abs(x)
 
 
 def _integral_or(fn):
