@@ -12,6 +12,8 @@ numbers here, as they do in torch.
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import torch
 from jax import lax
@@ -287,6 +289,17 @@ def _integral_or(fn):
     return rounded
 
 
+def _exp2(x):
+    """``2**x`` exact at integers, as CPU's (XLA's ``exp(x * ln 2)`` is 13 ulp
+    off in float32: ``exp2(55.)`` was not 2**55): ``2**f * 2**n`` for the
+    nearest integer ``n`` and ``|f| <= 1/2``; halves compute in float32."""
+    wide = x.astype(jnp.float32) if x.dtype in (jnp.float16, jnp.bfloat16) else x
+    finite = jnp.isfinite(wide)
+    n = jnp.where(finite, jnp.clip(jnp.round(wide), -2000, 2000), 0)
+    power = jnp.ldexp(jnp.exp((wide - n) * math.log(2)), n.astype(jnp.int32))
+    return jnp.where(finite, power, jnp.exp2(wide)).astype(x.dtype)
+
+
 def _reciprocal(x):
     return 1 / x
 
@@ -300,7 +313,7 @@ _UNARY = {
     # int inputs compute in the default float dtype
     Kind.INT_TO_FLOAT: {
         aten.exp.default: complex_or(jnp.exp, cm.exp),
-        aten.exp2.default: complex_or(jnp.exp2, cm.exp2),
+        aten.exp2.default: complex_or(_exp2, cm.exp2),
         aten.expm1.default: complex_or(jnp.expm1, cm.expm1),
         aten.log.default: complex_or(jnp.log, cm.log),
         aten.log1p.default: complex_or(jnp.log1p, cm.log1p),
