@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from conftest import no_fallback
 
 import lazytpu
 
@@ -182,3 +183,21 @@ def test_copies_between_host_and_device_do_not_share_memory():
     back = (on_device + 2).cpu()
     back.add_(5)
     assert on_device.sum().item() == 0.0 and (on_device + 2).sum().item() == 2 * 64 * 64
+
+
+def test_has_same_storage_numel_reads_metadata_only():
+    """``_has_same_storage_numel`` (torch's C++ asks it, e.g. in bicubic
+    upsampling) compares storage sizes as CPU does, without the CPU fallback."""
+
+    def run(d):
+        a, b = torch.zeros(6, device=d), torch.zeros(2, 3, device=d)
+        others = (
+            b,
+            a[1:],
+            torch.zeros(5, dtype=torch.float64, device=d),
+            torch.zeros(12, dtype=torch.float16, device=d),
+        )
+        return [torch.ops.aten._has_same_storage_numel(a, o) for o in others]
+
+    with no_fallback():
+        assert run("tpu") == run("cpu") == [True, True, False, False]

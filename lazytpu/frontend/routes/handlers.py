@@ -288,6 +288,17 @@ def prims_view(func, args, kwargs):
     return _PRIMS_VIEWS[func](*args, **kwargs)
 
 
+@handles(aten._has_same_storage_numel.default)
+def has_same_storage_numel(func, args, kwargs):
+    """Metadata only (the CPU fallback copied both tensors to the host)."""
+
+    def numel(t):
+        nbytes = storage_nbytes(t) if type(t) is LazyTensor else t.untyped_storage().nbytes()
+        return nbytes // t.dtype.itemsize
+
+    return numel(args[0]) == numel(args[1])
+
+
 @handles(torch.ops.prims.conj.default)
 def prims_conj(func, args, kwargs):
     check_with_meta(func, args, kwargs)  # "Expected complex dtype in prims.conj" (Note [Prims views])
