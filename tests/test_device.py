@@ -201,3 +201,11 @@ def test_has_same_storage_numel_reads_metadata_only():
 
     with no_fallback():
         assert run("tpu") == run("cpu") == [True, True, False, False]
+
+
+def test_layout_queries_of_a_strided_tensor():
+    with no_fallback():
+        t = torch.ones(2, 3, device="tpu")
+        assert (t.dense_dim(), t.sparse_dim()) == (2, 0)
+        with pytest.raises(RuntimeError, match="is_coalesced expected sparse coordinate tensor layout"):
+            t.is_coalesced()

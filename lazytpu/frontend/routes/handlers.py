@@ -299,6 +299,14 @@ def has_same_storage_numel(func, args, kwargs):
     return numel(args[0]) == numel(args[1])
 
 
+@handles(aten.dense_dim.default, aten.sparse_dim.default, aten.is_coalesced.default)
+def layout_dims(func, args, kwargs):
+    """A strided tensor's answers, as CPU's (tpu has no sparse layouts)."""
+    if func is aten.is_coalesced.default:
+        raise RuntimeError("is_coalesced expected sparse coordinate tensor layout but got Strided")
+    return args[0].dim() if func is aten.dense_dim.default else 0
+
+
 @handles(torch.ops.prims.conj.default)
 def prims_conj(func, args, kwargs):
     check_with_meta(func, args, kwargs)  # "Expected complex dtype in prims.conj" (Note [Prims views])
