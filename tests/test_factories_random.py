@@ -405,3 +405,15 @@ def test_random_bounds_are_checked_at_every_call():
     with pytest.raises(RuntimeError, match="to - 1 is out of bounds for signed char"):
         t.random_(0, 1000)
     assert 0 <= int(t.min()) and int(t.max()) < 128
+
+
+@pytest.mark.parametrize("dtype, bound", [(torch.float32, 2**30), (torch.float16, 4000)])
+def test_random_bounds_past_exact_integers_warn_at_every_call(dtype, bound):
+    """CPU warns at every ``random_(from, to)`` of a float tensor whose bounds
+    its dtype cannot hold exactly; so does tpu (it warned at the first call only)."""
+    t = torch.empty(4, dtype=dtype, device="tpu")
+    for _ in range(3):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            t.random_(-bound, bound)
+        assert [str(w.message).split(" is out")[0] for w in caught] == ["from", "to - 1"]
