@@ -105,3 +105,15 @@ def test_abs_of_an_infinite_part_is_infinite(dtype):
     """``abs(inf + nanj)`` is inf, as CPU's hypot gives (it was NaN)."""
     z = torch.tensor(SPECIAL, dtype=dtype)
     torch.testing.assert_close(z.to("tpu").abs().cpu(), z.abs(), equal_nan=True, rtol=TOLERANCE[dtype]["rtol"], atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_division_matches_cpu(dtype):
+    """``z / w`` divides as c10::complex (Smith's algorithm): a divisor with
+    infinite parts gives CPU's NaN or signed zeros (XLA's gave 0), a zero one
+    CPU's infinities and NaNs."""
+    parts = torch.tensor([complex(a, b) for a, b in itertools.product(PARTS, PARTS)], dtype=dtype)
+    z, w = parts.repeat_interleave(len(parts)), parts.repeat(len(parts))
+    _assert_same_values(z, (z.to("tpu") / w.to("tpu")).cpu(), z / w, TOLERANCE[dtype]["rtol"])
+    x, y = _random(dtype), _random(dtype).flip(0)
+    torch.testing.assert_close((x.to("tpu") / y.to("tpu")).cpu(), x / y, **TOLERANCE[dtype])

@@ -164,6 +164,21 @@ def reciprocal(z):
     return _make(jnp.where(zero, 1 / jnp.abs(c), re), jnp.where(zero, _NAN, im))
 
 
+def divide(z, w):
+    """``z / w`` as c10::complex divides (Smith's algorithm, as ``reciprocal``):
+    a division by an infinite ``w`` with a NaN ratio of its parts is NaN, by
+    a zero one ``a/0 + (b/0)i``, as on CPU (XLA's gives 0 and infinities)."""
+    a, b = _parts(z)
+    c, d = _parts(w)
+    wide = jnp.abs(c) >= jnp.abs(d)
+    rat = jnp.where(wide, d / c, c / d)
+    scale = 1 / jnp.where(wide, c + d * rat, d + c * rat)
+    re = jnp.where(wide, (a + b * rat) * scale, (a * rat + b) * scale)
+    im = jnp.where(wide, (b - a * rat) * scale, (b * rat - a) * scale)
+    zero = (c == 0) & (d == 0)
+    return _make(jnp.where(zero, a / jnp.abs(c), re), jnp.where(zero, b / jnp.abs(d), im))
+
+
 def rsqrt(z):
     return reciprocal(sqrt(z))
 

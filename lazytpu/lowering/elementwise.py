@@ -151,6 +151,8 @@ def mul(x, y):
 @lowering(aten.div.Tensor, aten.div.Scalar)
 def div(x, y):
     x, y = promote(x, y, kind=Kind.INT_TO_FLOAT)
+    if jnp.iscomplexobj(x):  # Note [Complex special values] in lowering/complex_math
+        return cm.divide(x, y)
     return x / y
 
 
