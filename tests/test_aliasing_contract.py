@@ -668,3 +668,38 @@ def test_refused_casts_raise_cpu_errors(mode):
     assert all(expected), expected
     with torch.tpu.set_eager_mode(mode):
         assert _casts_refused("tpu") == expected
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda x, out: torch.add(x, x, out=out),
+        lambda x, out: torch.eq(x, x.flip(0), out=out),
+        lambda x, out: torch.exp(x, out=out),
+        lambda x, out: torch.cumsum(x, 1, out=out),
+        lambda x, out: torch.sort(x, 1, out=(out, torch.empty(0, dtype=torch.long, device=out.device)))[0],
+        lambda x, out: torch.mm(x.flatten(0, -2), x.flatten(0, -2).mT, out=out),
+    ],
+    ids=["add", "eq", "exp", "cumsum", "sort", "mm"],
+)
+@pytest.mark.parametrize("layout", ["permuted", "sliced_permuted", "size_one_dims"])
+def test_a_resized_out_tensor_takes_the_layout_torch_computes(op, layout):
+    """An ``out=`` tensor that must be resized gets the strides torch's
+    TensorIterator computes from the inputs (a permuted input's), as on CPU:
+    it was always made contiguous (PyTorch's test_strides_propagation)."""
+
+    def run(d):
+        torch.manual_seed(0)
+        if layout == "permuted":
+            x = torch.randn(2, 3, 4).to(d).permute(2, 0, 1)
+        elif layout == "sliced_permuted":
+            x = torch.randn(2, 3, 8).to(d)[:, :, ::2].permute(1, 2, 0)
+        else:
+            x = torch.randn(1, 1, 4, 12).to(d)[:, :, :, ::2].permute(0, 2, 1, 3)
+        out = torch.empty(0, device=d)
+        result = op(x, out)
+        return result.shape, result.stride(), result.cpu()
+
+    expected, got = run("cpu"), run("tpu")
+    assert got[:2] == expected[:2]
+    torch.testing.assert_close(got[2], expected[2])

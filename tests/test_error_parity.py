@@ -35,6 +35,9 @@ CASES = {
     "randint_complex": lambda d: torch.randint(6, (3,), dtype=torch.complex64, device=d),
     "complex_mixed_dtypes": lambda d: torch.complex(_t(2).to(d), _t(2, dtype=torch.float64).to(d)),
     "polar_mixed_dtypes": lambda d: torch.polar(_t(2).to(d), _t(2, dtype=torch.float64).to(d)),
+    "logcumsumexp_out_dtype": lambda d: torch.logcumsumexp(
+        _t(3, dtype=torch.float64).to(d), 0, out=torch.empty(3).to(d)
+    ),
     "add_broadcast": lambda d: _t(2, 3).to(d) + _t(4).to(d),
     "mul_broadcast": lambda d: _t(2, 3).to(d) * _t(2, 4).to(d),
     "mm_shapes": lambda d: _t(2, 3).to(d) @ _t(4, 5).to(d),

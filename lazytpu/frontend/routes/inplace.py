@@ -183,7 +183,7 @@ def run_inplace(func, functional, args, kwargs, route):
 
 _OUT_DTYPE_ERRORS = re.compile(
     r"dtype|type to be|can't be cast|floating point type|[Ee]xpected .* type|supports bool tensor for result"
-    r"|implemented for complex tensors|non-boolean outputs"
+    r"|implemented for complex tensors|non-boolean outputs|expected scalar_type"
 )
 _OUT_DTYPES_CHECKED = _caches.memo("out_dtypes_checked")
 
@@ -253,7 +253,12 @@ def run_out(func, functional, args, kwargs):
             raise RuntimeError(f"Expected out tensor to be on tpu, but found it on {dst.device}")
         if fills and dst.numel() == src.numel() and dst.shape != src.shape:
             src = aten.reshape.default(src, dst.shape)
-        resize_to(dst, src.shape, warn=warn)
+        if dst.shape != src.shape:
+            resize_to(dst, src.shape, warn=warn)
+            if dst.stride() != src.stride() and torch._prims_common.is_non_overlapping_and_dense_or_false(src):
+                # torch's TensorIterator gives a resized out tensor the layout it computed (a
+                # permuted input's): so does the functional result's meta kernel
+                aten.as_strided_.default(dst, src.shape, src.stride(), dst.storage_offset())
         write(dst, src)
     if listed:
         return None
