@@ -209,3 +209,40 @@ def test_layout_queries_of_a_strided_tensor():
         assert (t.dense_dim(), t.sparse_dim()) == (2, 0)
         with pytest.raises(RuntimeError, match="is_coalesced expected sparse coordinate tensor layout"):
             t.is_coalesced()
+
+
+_MADE_LIKE = {
+    "empty_like": lambda x, d: torch.empty_like(x, device=d),
+    "zeros_like": lambda x, d: torch.zeros_like(x, device=d),
+    "ones_like": lambda x, d: torch.ones_like(x, device=d, dtype=torch.int32),
+    "full_like": lambda x, d: torch.full_like(x, 3, device=d),
+    "rand_like": lambda x, d: torch.rand_like(x, device=d),
+    "randint_like": lambda x, d: torch.randint_like(x, 5, device=d),
+    "new_zeros": lambda x, d: x.new_zeros((2,), device=d),
+    "new_full": lambda x, d: x.new_full((2,), 3.0, device=d),
+    "new_empty_strided": lambda x, d: x.new_empty_strided((2, 2), (1, 2), device=d),
+    "to": lambda x, d: x.to(d, torch.float16),
+}
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize("name", sorted(_MADE_LIKE))
+def test_made_like_a_tpu_tensor_on_another_device(name, device):
+    """``torch.zeros_like(t, device="cpu")``, ``t.new_empty(n, device="meta")``
+    and ``t.to("meta")`` make their result on that device, with CPU's layout
+    and values (Note [Made elsewhere] in lazytpu.frontend.dispatch): they
+    made tpu tensors."""
+    make = _MADE_LIKE[name]
+    x = torch.arange(6.0).view(2, 3).t()
+    torch.manual_seed(0)
+    got = make(x.to("tpu"), device)
+    torch.manual_seed(0)
+    expected = make(x, device)
+    assert (got.device, got.dtype, got.shape, got.stride()) == (
+        expected.device,
+        expected.dtype,
+        expected.shape,
+        expected.stride(),
+    )
+    if device == "cpu" and name not in ("empty_like", "new_empty_strided"):
+        assert torch.equal(got, expected)

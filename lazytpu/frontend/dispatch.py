@@ -123,7 +123,39 @@ def _route(func) -> Route:
     chosen = Route("handler", handler) if handler is not None else _after_handlers(func)
     if func in INDEX_OPS:  # Note [Advanced indexing]: checked and prepared first
         chosen = _indexing(chosen)
+    if func in _MADE_LIKE:
+        chosen = _elsewhere(chosen)
     return chosen
+
+
+# Note [Made elsewhere]: ``torch.zeros_like(t, device="cpu")`` and
+# ``t.new_empty(n, device="meta")`` take only sizes, dtype and layout from a
+# tpu tensor and make their result on another device. Such a call runs there
+# on a stand-in with ``t``'s layout and no data (made on tpu, it was a tpu
+# tensor, silently).
+_aten = torch.ops.aten
+_MADE_LIKE = frozenset(
+    {
+        *(getattr(_aten, n).default for n in ("empty_like", "zeros_like", "ones_like", "full_like")),
+        *(getattr(_aten, n).default for n in ("new_empty", "new_empty_strided", "new_full", "new_ones", "new_zeros")),
+        *(getattr(_aten, n).default for n in ("rand_like", "randn_like")),
+        _aten.rand_like.generator,
+        _aten.randn_like.generator,
+        *(getattr(_aten.randint_like, o) for o in _aten.randint_like.overloads()),
+    }
+)
+
+
+def _elsewhere(rest: Route) -> Route:
+    def made_elsewhere(func, args, kwargs):
+        device = kwargs.get("device")
+        if device is None or torch.device(device).type == "tpu":
+            return rest.run(func, args, kwargs)
+        src = args[0]
+        stand_in = torch.empty_strided(src.shape, src.stride(), dtype=src.dtype, device=device)
+        return func(stand_in, *args[1:], **kwargs)
+
+    return Route(rest.kind, made_elsewhere, rest.rule, rest.functional)
 
 
 def _after_handlers(func) -> Route:

@@ -36,6 +36,9 @@ def to_copy(func, args, kwargs):
         host = hostio.to_cpu(src)
         rest = {k: v for k, v in kwargs.items() if k in ("dtype", "memory_format")}
         return host.to(**rest) if rest else host
+    if device is not None and torch.device(device).type == "meta":  # sizes and layout, no data (it stayed on tpu)
+        stand_in = torch.empty_strided(src.shape, src.stride(), dtype=src.dtype, device="meta")
+        return func(stand_in, **kwargs)
     if type(src) is not LazyTensor:  # cpu -> tpu
         moved = hostio.data_from_cpu(src, torch.device(device).index or 0)
         out = new_tensor(moved, src.shape, contiguous_strides(src.shape), src.dtype, torch.device(device).index or 0)
