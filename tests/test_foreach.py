@@ -181,3 +181,60 @@ def test_norm_out_variant():
     torch.ops.aten._foreach_norm.Scalar_out([t.to("tpu") for t in a], 2, out=tpu_out)
     for g, e in zip(tpu_out, out, strict=True):
         torch.testing.assert_close(g.cpu(), e)
+
+
+_INF = float("inf")
+_ELEMENT_WISE = {
+    "maximum_list_": lambda a, b: torch._foreach_maximum_(a, b),
+    "minimum_list_": lambda a, b: torch._foreach_minimum_(a, b),
+    "maximum_scalar": lambda a, b: torch._foreach_maximum(a, 1),
+    "minimum_scalars_": lambda a, b: torch._foreach_minimum_(a, [1.0, 2, 0, -1]),
+    "addcmul_tensor_scalars": lambda a, b: torch._foreach_addcmul(a[2:], b[2:], b[2:], torch.tensor([0.5, 2])),
+    "norm_dtype": lambda a, b: torch._foreach_norm(a[:3], 2, dtype=torch.float64),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_ELEMENT_WISE))
+def test_foreach_forms_torch_loops_over_match_cpu(name):
+    """Forms with no batched rule match CPU (PyTorch's test_foreach): in-place
+    maximum/minimum left their targets unchanged (a CPU fallback that wrote
+    nothing back; Adam(amsgrad=True) takes them), their scalar forms raised,
+    a CPU tensor of scalars raised a device mix, norm's dtype went into dim."""
+
+    def run(d):
+        a = [
+            torch.tensor([_INF, 1.0, -2.0]),
+            torch.tensor([-_INF, 5.0]),
+            torch.tensor([0.5, -7.0]),
+            torch.tensor([3.0]),
+        ]
+        b = [torch.tensor([-_INF, 4.0, -1.0]), torch.tensor([_INF, 9.0]), torch.tensor([0.0, 9.0]), torch.tensor([2.0])]
+        a, b = [t.to(d) for t in a], [t.to(d) for t in b]
+        result = _ELEMENT_WISE[name](a, b)
+        return [t.cpu() for t in (result if result is not None else a)]
+
+    for got, expected in zip(run("tpu"), run("cpu"), strict=True):
+        torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("scalars", [[], [1.0], [1.0, 2.0, 3.0]])
+def test_foreach_scalar_list_of_another_length_raises_as_on_cpu(scalars):
+    tensors = [torch.ones(2, device="tpu"), torch.ones(3, device="tpu")]
+    for op in (torch._foreach_add, torch._foreach_mul_, torch._foreach_maximum):
+        with pytest.raises(RuntimeError, match="Tensor list must have same number of elements as scalar list"):
+            op(tensors, scalars)
+
+
+def test_adam_amsgrad_foreach_matches_cpu():
+    def run(d):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3).to(d)
+        opt = torch.optim.Adam(model.parameters(), lr=0.1, amsgrad=True, foreach=True)
+        for step in range(4):
+            opt.zero_grad()
+            model(torch.full((2, 4), 1.0 - step, device=d)).pow(2).sum().backward()
+            opt.step()
+        return [p.detach().cpu() for p in model.parameters()]
+
+    for got, expected in zip(run("tpu"), run("cpu"), strict=True):
+        torch.testing.assert_close(got, expected)

@@ -48,6 +48,9 @@ _POW_ELEMENT = {
 }
 
 
+_CLAMPS = {"maximum": "clamp_min", "minimum": "clamp_max"}
+
+
 def element_op(func):
     """The element op a ``_foreach_*`` overload applies, or None."""
     name = func._schema.name.split("::")[-1][len("_foreach_") :]
@@ -55,6 +58,8 @@ def element_op(func):
     base = name[:-1] if inplace else name
     if base == "norm":
         return aten.linalg_vector_norm.out if func._overloadname.endswith("out") else aten.linalg_vector_norm.default
+    if base in _CLAMPS and func._overloadname.startswith("Scalar"):
+        base = _CLAMPS[base]  # torch's foreach maximum/minimum of numbers clamp (maximum takes tensors only)
     packet = getattr(aten, base + ("_" if inplace else ""), None)
     if packet is None:
         return None
@@ -76,6 +81,9 @@ def _element_calls(func, element, args, kwargs) -> list[tuple[tuple, dict]]:
     element_kwargs = [a.name for a in element._schema.arguments if a.kwarg_only]
     head = args[:n_positional]
     tail = {}
+    if "dtype" in names[:n_positional] and names.index("dtype") < len(args):  # _foreach_norm(self, ord, dtype)
+        at = names.index("dtype")
+        head, tail = args[:at], {"dtype": args[at]}
     for i, a in enumerate(args[n_positional:], n_positional):
         name = names[i]
         if name not in element_kwargs and len(element_kwargs) == 1:
@@ -85,6 +93,9 @@ def _element_calls(func, element, args, kwargs) -> list[tuple[tuple, dict]]:
         tail[name] = a
     tail.update(kwargs)
     n = len(next(a for a in args if isinstance(a, (list, tuple))))
+    if "scalars" in names[: len(args)] and isinstance(args[names.index("scalars")], (list, tuple)):
+        if len(args[names.index("scalars")]) != n:
+            raise RuntimeError("Tensor list must have same number of elements as scalar list.")
     return [
         (
             tuple(a[i] if isinstance(a, (list, tuple)) else a for a in head),
@@ -99,9 +110,14 @@ def run_foreach(func, args, kwargs):
     call per list element. Returns the list of results (None for in-place ops),
     or NotImplemented when ``func`` applies no known element op."""
     element = element_op(func)
+    inplace = is_inplace(func)
+    if element is None and inplace and functional_of(func) is not None:
+        # no in-place element op (``maximum_``): the functional foreach op, written back
+        for target, result in zip(args[0], functional_of(func)(*args, **kwargs), strict=True):
+            target.copy_(result)
+        return None
     if element is None:
         return NotImplemented
-    inplace = is_inplace(func)
     void = inplace or func._schema.returns == []  # in-place, or writing ``out=`` lists
     if inplace or not void:
         try:
@@ -147,6 +163,8 @@ def _key_leaf(a, values: list):
         return t
     if t is list or t is tuple:
         return tuple([_list_leaf(x, values) for x in a])
+    if t is not LazyTensor and isinstance(a, torch.Tensor) and a.dim():
+        raise _NotLazy  # ``scalars`` as a CPU tensor: read per element, as torch's loop does
     return record.key_leaf(a, values)
 
 
