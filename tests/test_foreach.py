@@ -238,3 +238,14 @@ def test_adam_amsgrad_foreach_matches_cpu():
 
     for got, expected in zip(run("tpu"), run("cpu"), strict=True):
         torch.testing.assert_close(got, expected)
+
+
+def test_cpu_fallback_writes_back_mutated_tensor_lists():
+    """A foreach op run on CPU writes its ``Tensor(a!)[]`` targets back to tpu
+    (only single tensors were written back: the targets kept their values)."""
+    from lazytpu.frontend.routes.fallback import cpu_fallback
+
+    a = [torch.tensor([1.0, 5.0], device="tpu"), torch.tensor([3.0], device="tpu")]
+    b = [torch.tensor([2.0, 2.0], device="tpu"), torch.tensor([4.0], device="tpu")]
+    cpu_fallback(torch.ops.aten._foreach_maximum_.List, (a, b), {})
+    assert [t.cpu().tolist() for t in a] == [[2.0, 5.0], [4.0]]

@@ -93,11 +93,13 @@ def cpu_fallback(func, args, kwargs, *, data_dependent: bool = False):
         if arg.alias_info is not None and arg.alias_info.is_write:
             lazy = kwargs.get(arg.name) if arg.kwarg_only else (args[i] if i < len(args) else None)
             host = ckwargs.get(arg.name) if arg.kwarg_only else (cargs[i] if i < len(cargs) else None)
-            if type(lazy) is LazyTensor:
-                if tuple(lazy.shape) != tuple(host.shape):
-                    resize_to(lazy, host.shape, warn=False)  # the CPU op warned
-                write_value(lazy, hostio.data_from_cpu(host, index))
-                written[id(host)] = lazy
+            pairs = zip(lazy, host) if isinstance(lazy, (list, tuple)) else [(lazy, host)]  # Tensor(a!)[] too
+            for lazy, host in pairs:
+                if type(lazy) is LazyTensor:
+                    if tuple(lazy.shape) != tuple(host.shape):
+                        resize_to(lazy, host.shape, warn=False)  # the CPU op warned
+                    write_value(lazy, hostio.data_from_cpu(host, index))
+                    written[id(host)] = lazy
 
     def back(x):
         if id(x) in written:
