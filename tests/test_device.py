@@ -203,6 +203,29 @@ def test_has_same_storage_numel_reads_metadata_only():
         assert run("tpu") == run("cpu") == [True, True, False, False]
 
 
+def test_is_set_to_compares_storage_offset_sizes_and_strides():
+    """``is_set_to`` answers from metadata as CPU does (the CPU fallback
+    compared two host copies and always said False)."""
+
+    def run(d):
+        t = torch.arange(6.0, device=d)
+        s = torch.empty(0, device=d).set_(t.untyped_storage(), 0, (6,))
+        tail = torch.empty(0, device=d).set_(t.untyped_storage(), 1, (5,))
+        return [
+            s.is_set_to(t),
+            torch.empty(0, device=d).set_(t).is_set_to(t),
+            tail.is_set_to(t[1:]),
+            t[1:].is_set_to(t),
+            t.view(2, 3).is_set_to(t),
+            t.is_set_to(t.clone()),
+        ]
+
+    with no_fallback():
+        assert run("tpu") == run("cpu") == [True, True, True, False, False, False]
+        t = torch.ones(3, device="tpu")
+        assert not t.is_set_to(t.cpu())
+
+
 def test_layout_queries_of_a_strided_tensor():
     with no_fallback():
         t = torch.ones(2, 3, device="tpu")

@@ -302,6 +302,20 @@ def has_same_storage_numel(func, args, kwargs):
     return numel(args[0]) == numel(args[1])
 
 
+@handles(aten.is_set_to.default)
+def is_set_to(func, args, kwargs):
+    """CPU's answer from metadata: the same storage, offset, sizes and strides
+    (the CPU fallback compared two host copies, which never share a storage)."""
+    self, src = args
+    return (
+        type(src) is LazyTensor
+        and self._lt_storage is src._lt_storage
+        and self.storage_offset() == src.storage_offset()
+        and self.shape == src.shape
+        and self.stride() == src.stride()
+    )
+
+
 @handles(aten.dense_dim.default, aten.sparse_dim.default, aten.is_coalesced.default)
 def layout_dims(func, args, kwargs):
     """A strided tensor's answers, as CPU's (tpu has no sparse layouts)."""
