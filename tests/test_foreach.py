@@ -28,6 +28,9 @@ def _scalar_tensor():
 CASES = {
     "add_list_alpha": lambda a, b, c: torch._foreach_add(a, b, alpha=0.5),
     "add_scalar": lambda a, b, c: torch._foreach_add(a, 1.5),
+    "add_int": lambda a, b, c: torch._foreach_add(a, 2),
+    "add__int": lambda a, b, c: torch._foreach_add_(a, 1),  # torch's optimizers count their steps so
+    "pow_int": lambda a, b, c: torch._foreach_pow(c, 3),
     "mul_scalarlist": lambda a, b, c: torch._foreach_mul(a, [0.5, 2.0, -1.0, 3.0]),
     "div_list": lambda a, b, c: torch._foreach_div(a, c),
     "sqrt": lambda a, b, c: torch._foreach_sqrt(c),

@@ -200,6 +200,27 @@ FIXES = {
 }
 
 
+def _fused_optimizer(func):
+    """A fused optimizer's functional form (Note [Fused optimizers]): one
+    list like each written argument, in schema order (torch has a meta kernel
+    for ``_fused_adam`` alone)."""
+    names = [a.name for a in func._schema.arguments]
+    listed = [r.name.removesuffix("_out") for r in func._schema.returns]
+
+    def outputs(*args, **kwargs):
+        call = dict(zip(names, args), **kwargs)
+        return tuple([torch.empty_like(t) for t in call[name]] for name in listed)
+
+    return outputs
+
+
+_FUSED_OPTIMIZERS = [
+    getattr(getattr(aten, name), overload)
+    for name in ("_fused_adam", "_fused_adamw", "_fused_sgd", "_fused_adagrad")
+    for overload in ("default", "tensor_lr")
+]
+
+
 SHAPES = {
     # the meta kernels of ``<<`` and ``>>`` refuse bool operands, which CPU promotes
     # (``bool << 1`` is int64) as ``bitwise_*_shift``'s meta kernels do; for a bool or
@@ -222,6 +243,7 @@ SHAPES = {
     aten._histogramdd_bin_edges.default: _histogramdd_edges,
     aten._histogramdd_from_bin_cts.default: _histogramdd_counts,
     aten._histogramdd_from_bin_tensors.default: _histogramdd_tensors,
+    **{op: _fused_optimizer(op) for op in _FUSED_OPTIMIZERS},
 }
 
 

@@ -18,6 +18,7 @@ from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
     nn_ext,
     normalization,
     norms,
+    optimizers,
     pointwise_ext,
     pooling,
     powers,

@@ -161,6 +161,9 @@ def _key_leaf(a, values: list):
     if t is float or t is complex:
         values.append(a)
         return t
+    if t is int:  # static (in the key) and a value too: element ops lift ints (``steps + 1``)
+        values.append(a)
+        return a
     if t is list or t is tuple:
         return tuple([_list_leaf(x, values) for x in a])
     if t is not LazyTensor and isinstance(a, torch.Tensor) and a.dim():
@@ -188,7 +191,7 @@ def _origins(args, kwargs) -> list:
     for a in (*args, *(kwargs[k] for k in sorted(kwargs))):
         if isinstance(a, (list, tuple)):
             origins.extend(i for i, x in enumerate(a) if isinstance(x, (torch.Tensor, float, complex)))
-        elif isinstance(a, (torch.Tensor, float, complex)):
+        elif isinstance(a, (torch.Tensor, float, complex)) or type(a) is int:
             origins.append(None)
     return origins
 
