@@ -21,6 +21,11 @@ Fused{Adam,SGD,Adagrad}Kernel.cpp``), in their order of operations:
   before touching anything); nothing is read on the host for it;
 - ``exp_avg`` is ``lerp(exp_avg, grad, 1 - beta1)`` in its two-sided form.
 
+One departure: CPU's fused SGD kernel in bfloat16 and float16 (torch 2.13)
+leaves the parameters of its vector loop unchanged (it updates only the
+elements past the last full vector) and reads its momentum buffers as
+float32; every element is updated here, by the formula of its float loop.
+
 Numbers that may be lifted to program inputs (learning rate, betas, weight
 decay, momentum: Note [Scalar lifting]) enter the arithmetic only; the
 kernels' branches on them (``weight_decay != 0``) are selects.
