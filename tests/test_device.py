@@ -203,6 +203,19 @@ def test_has_same_storage_numel_reads_metadata_only():
         assert run("tpu") == run("cpu") == [True, True, False, False]
 
 
+def test_is_same_size_compares_sizes_across_devices():
+    """``is_same_size`` of a CPU and a tpu tensor compares sizes (it raised a
+    device-mix error); forward AD's ``copy_`` of a tpu dual into a CPU tensor asks it."""
+    a, b = torch.ones(2, 1), torch.ones(2, 1, device="tpu")
+    assert a.is_same_size(b) and b.is_same_size(a) and not b.is_same_size(torch.ones(1, 2))
+    with torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual(b * 3, b * 5)
+        target = torch.zeros(2, 1)
+        target.copy_(dual)
+        primal, tangent = torch.autograd.forward_ad.unpack_dual(target)
+        assert primal.tolist() == [[3.0], [3.0]] and tangent.cpu().tolist() == [[5.0], [5.0]]
+
+
 def test_is_set_to_compares_storage_offset_sizes_and_strides():
     """``is_set_to`` answers from metadata as CPU does (the CPU fallback
     compared two host copies and always said False)."""

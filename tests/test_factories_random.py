@@ -417,3 +417,34 @@ def test_random_bounds_past_exact_integers_warn_at_every_call(dtype, bound):
             warnings.simplefilter("always")
             t.random_(-bound, bound)
         assert [str(w.message).split(" is out")[0] for w in caught] == ["from", "to - 1"]
+
+
+_UNINITIALIZED = {
+    "empty": lambda d, dt: torch.empty(4, 3, dtype=dt, device=d),
+    "empty_out": lambda d, dt: torch.empty(4, 3, out=torch.zeros(1, dtype=dt, device=d)),
+    "empty_strided": lambda d, dt: torch.empty_strided((4, 3), (1, 5), dtype=dt, device=d),
+    "empty_permuted": lambda d, dt: torch.empty_permuted((2, 3, 5), (1, 0, 2), dtype=dt, device=d),
+    "empty_like": lambda d, dt: torch.empty_like(torch.zeros(4, 3, dtype=dt, device=d)),
+    "new_empty": lambda d, dt: torch.zeros(1, dtype=dt, device=d).new_empty((4, 3)),
+    "new_empty_strided": lambda d, dt: torch.zeros(1, dtype=dt, device=d).new_empty_strided((4, 3), (1, 4)),
+    "resize_": lambda d, dt: torch.zeros(3, dtype=dt, device=d).resize_(2, 5)[1],
+    "resize_empty": lambda d, dt: torch.zeros(0, dtype=dt, device=d).resize_(6),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64, torch.int32, torch.uint8, torch.bool], ids=str)
+@pytest.mark.parametrize("name", sorted(_UNINITIALIZED))
+def test_deterministic_mode_fills_uninitialized_memory_as_cpu(name, dtype):
+    """Under ``torch.use_deterministic_algorithms(True)`` new memory holds NaN,
+    the largest integer or True, as CPU's (Note [Deterministic uninitialized memory])."""
+    make = _UNINITIALIZED[name]
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        expected, got = make("cpu", dtype), make("tpu", dtype)
+    finally:
+        torch.use_deterministic_algorithms(before)
+    if name.startswith("resize"):
+        expected = expected[-2:]  # the elements past the old storage
+        got = got[-2:]
+    torch.testing.assert_close(got.cpu(), expected, equal_nan=True, rtol=0, atol=0)

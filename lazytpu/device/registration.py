@@ -62,13 +62,15 @@ def _empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memor
     if memory_format is not None:
         kwargs["memory_format"] = memory_format
     func = aten.empty.memory_format
-    return record(func, (list(size),), kwargs, get_rule(func), flush=False)  # Note [Uninitialized factories]
+    out = record(func, (list(size),), kwargs, get_rule(func), flush=False)  # Note [Uninitialized factories]
+    return handlers.fill_uninitialized(out)  # Note [Deterministic uninitialized memory]
 
 
 def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
     kwargs = {"dtype": dtype or torch.get_default_dtype(), "device": device}
     func = aten.empty_strided.default
-    return record(func, (list(size), list(stride)), kwargs, get_rule(func), flush=False)
+    out = record(func, (list(size), list(stride)), kwargs, get_rule(func), flush=False)
+    return handlers.fill_uninitialized(out)
 
 
 def _arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):

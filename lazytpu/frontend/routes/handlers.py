@@ -101,6 +101,32 @@ def local_scalar(func, args, kwargs):
     return hostio.to_cpu(src, reason="item").item()
 
 
+# Note [Deterministic uninitialized memory]: under
+# ``torch.use_deterministic_algorithms(True)`` with
+# ``torch.utils.deterministic.fill_uninitialized_memory`` (its default), torch
+# fills the memory its factories leave uninitialized (``empty``,
+# ``empty_like``, ``empty_strided``, ``new_empty``, what ``resize_`` grows)
+# with NaN (floating and complex), the largest value (integers) or True
+# (bool), so that a read of it is caught; elsewhere tpu's new memory is zeros.
+def uninitialized_value(dtype: torch.dtype):
+    """The value new memory holds (Note [Deterministic uninitialized memory]), or None when unspecified."""
+    if not (torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory):
+        return None
+    if dtype.is_floating_point or dtype.is_complex:
+        return math.nan
+    return True if dtype is torch.bool else torch.iinfo(dtype).max
+
+
+def fill_uninitialized(t):
+    value = uninitialized_value(t.dtype)
+    return t if value is None else t.fill_(value)
+
+
+@handles(aten.empty_like.default, aten.new_empty.default, aten.new_empty_strided.default)
+def empty_like(func, args, kwargs):
+    return fill_uninitialized(record(func, args, kwargs, get_rule(func)))
+
+
 @handles(aten.resize_.default)
 def resize_(func, args, kwargs):
     """torch's ``resize_``: a window at the same offset on the same storage,
@@ -118,10 +144,11 @@ def resize_(func, args, kwargs):
     base = dst
     if need > have:
         flat = view_of(dst, (have,), (1,), 0)
+        value = uninitialized_value(dst.dtype) or 0  # Note [Deterministic uninitialized memory]
         base = (
-            aten.constant_pad_nd.default(flat, [0, need - have])
+            aten.constant_pad_nd.default(flat, [0, need - have], value)
             if have
-            else aten.zeros.default([need], dtype=dst.dtype, device=dst.device)
+            else aten.full.default([need], value, dtype=dst.dtype, device=dst.device)
         )
     rebind_metadata(dst, view_of(base, size, strides, offset))
     return dst
@@ -300,6 +327,12 @@ def has_same_storage_numel(func, args, kwargs):
         return nbytes // t.dtype.itemsize
 
     return numel(args[0]) == numel(args[1])
+
+
+@handles(aten.is_same_size.default)
+def is_same_size(func, args, kwargs):
+    """Sizes only, of tensors of any devices (forward AD's ``copy_`` asks it of a CPU and a tpu tangent)."""
+    return args[0].shape == args[1].shape
 
 
 @handles(aten.is_set_to.default)
