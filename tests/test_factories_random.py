@@ -448,3 +448,15 @@ def test_deterministic_mode_fills_uninitialized_memory_as_cpu(name, dtype):
         expected = expected[-2:]  # the elements past the old storage
         got = got[-2:]
     torch.testing.assert_close(got.cpu(), expected, equal_nan=True, rtol=0, atol=0)
+
+
+def test_deterministic_mode_copies_data_to_tpu():
+    """``torch.tensor(data, device="tpu")`` makes an ``empty`` inside torch's C++
+    (its fill must not be a tensor method call, which failed an internal assert)."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        made = [torch.tensor([1.5, 2.0], device="tpu"), torch.as_tensor([[3]], device="tpu"), torch.ones(2).to("tpu")]
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert [t.tolist() for t in made] == [[1.5, 2.0], [[3]], [1.0, 1.0]]

@@ -63,14 +63,22 @@ def _empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memor
         kwargs["memory_format"] = memory_format
     func = aten.empty.memory_format
     out = record(func, (list(size),), kwargs, get_rule(func), flush=False)  # Note [Uninitialized factories]
-    return handlers.fill_uninitialized(out)  # Note [Deterministic uninitialized memory]
+    return _filled(out)
 
 
 def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
     kwargs = {"dtype": dtype or torch.get_default_dtype(), "device": device}
     func = aten.empty_strided.default
     out = record(func, (list(size), list(stride)), kwargs, get_rule(func), flush=False)
-    return handlers.fill_uninitialized(out)
+    return _filled(out)
+
+
+def _filled(out):
+    """Note [Deterministic uninitialized memory] in frontend/routes/handlers: the fill
+    recorded directly (a kernel that torch's C++ calls, as in ``torch.tensor(data,
+    device="tpu")``, must not call a tensor method)."""
+    value = handlers.uninitialized_value(out.dtype)
+    return out if value is None else dispatch(aten.fill_.Scalar, (out, value), {})
 
 
 def _arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
