@@ -308,3 +308,22 @@ def test_a_pending_counted_mask_syncs_once():
     expected = _t(4, 3)
     expected[expected[:, 0] > 4] = torch.ones(2, 3)
     assert torch.equal(x.cpu(), expected)
+
+
+@pytest.mark.parametrize("op", [torch.Tensor.put, torch.Tensor.put_])
+def test_put_without_accumulate_alerts_in_deterministic_mode_as_cpu(op):
+    """``put_`` writes repeated indices in no defined order: under
+    ``torch.use_deterministic_algorithms(True)`` it raises at every call, as
+    CPU's kernel does, and changes nothing (Note [Determinism alerts])."""
+    before = torch.are_deterministic_algorithms_enabled()
+    a = torch.arange(4.0, device="tpu")
+    index, values = torch.tensor([0, 0], device="tpu"), torch.tensor([5.0, 6.0], device="tpu")
+    torch.use_deterministic_algorithms(True)
+    try:
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="^put_ does not have a deterministic implementation"):
+                op(a, index, values)
+        summed = op(a.clone(), index, values, accumulate=True)  # deterministic: allowed
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert a.tolist() == [0.0, 1.0, 2.0, 3.0] and summed.tolist() == [11.0, 1.0, 2.0, 3.0]

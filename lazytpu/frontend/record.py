@@ -354,6 +354,23 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: b
     return plan.pack(outs)
 
 
+# Note [Determinism alerts]: under ``torch.use_deterministic_algorithms(True)``
+# the CPU kernels of a few ops raise (or warn, with ``warn_only=True``) on
+# every device, at every call: ``put_`` without ``accumulate`` (repeated
+# indices write in no defined order). The flag is global state, not part of a
+# plan: the alert runs with the plan's per-call check. Each entry takes the
+# call and gives the name torch's alert uses, or None.
+_NONDETERMINISTIC = {
+    aten.put.default: lambda args, kwargs: None if (args[3:] or [kwargs.get("accumulate", False)])[0] else "put_",
+}
+
+
+def _alert_then(caller: str, check, values) -> None:
+    torch._prims_common.alert_not_deterministic(caller)
+    if check is not None:
+        check(values)
+
+
 def make_plan(func, args, kwargs, rule, values) -> _Plan:
     args, kwargs = lift(func, args, kwargs)
     template, flat_values = flatten(args, kwargs, pick)
@@ -372,6 +389,9 @@ def make_plan(func, args, kwargs, rule, values) -> _Plan:
         scalars.check_at_plan(func, args, kwargs, template, flat_values, meta_out)
         plan = _Plan(func, lowered, meta_out, rule, kwarg_device_index(kwargs))
         plan.scalar_check = scalars.per_call_check(func, kwargs, template, flat_values, meta_out)
+        caller = _NONDETERMINISTIC.get(func, lambda a, k: None)(args, kwargs)
+        if caller is not None:
+            plan.scalar_check = functools.partial(_alert_then, caller, plan.scalar_check)
     check_dims(func, flat_values, plan.descs)
     plan.value_plan = value_checks.plan(func, args, kwargs, template, flat_values, next(iter(plan.out_avals), None))
     return plan
