@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -214,6 +215,17 @@ def test_is_same_size_compares_sizes_across_devices():
         target.copy_(dual)
         primal, tangent = torch.autograd.forward_ad.unpack_dual(target)
         assert primal.tolist() == [[3.0], [3.0]] and tangent.cpu().tolist() == [[5.0], [5.0]]
+
+
+def test_tensor_of_a_tpu_storage_reads_its_values():
+    """``torch.tensor(storage)`` sets a tensor to the storage inside torch's C++
+    (the Python key excluded): it failed an internal assert."""
+    t = torch.arange(6.0, device="tpu") * 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # TypedStorage is deprecated
+        host, on_tpu = torch.tensor(t.storage()), torch.tensor(t[2:].storage(), device="tpu")
+    assert host.device.type == "cpu" and host.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    assert on_tpu.device.type == "tpu" and on_tpu.cpu().tolist() == host.tolist()
 
 
 def test_is_set_to_compares_storage_offset_sizes_and_strides():

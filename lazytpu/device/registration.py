@@ -151,6 +151,13 @@ def _local_scalar_dense(t):
     return dispatch(aten._local_scalar_dense.default, (t,), {})
 
 
+def _set_storage(self, source, *offset_sizes_strides):
+    """``set_`` of a storage reached with the Python key excluded (``torch.tensor(t.storage())``), as
+    ``_local_scalar_dense``: its Python meta kernel keeps it from the boxed fallback."""
+    overload = aten.set_.source_Storage_storage_offset if offset_sizes_strides else aten.set_.source_Storage
+    return dispatch(overload, (self, source, *offset_sizes_strides), {})
+
+
 def _backend_fallback(op, *args, **kwargs):
     """Ops that reach the ``tpu`` backend key without a LazyTensor argument
     (factories such as ``tril_indices(3, 3, device="tpu")``): resolve them
@@ -175,6 +182,8 @@ def register() -> None:
     lib.impl("_copy_from", _copy_from, "PrivateUse1")
     lib.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
     lib.impl("_local_scalar_dense", _local_scalar_dense, "PrivateUse1")
+    lib.impl("set_.source_Storage", _set_storage, "PrivateUse1")
+    lib.impl("set_.source_Storage_storage_offset", _set_storage, "PrivateUse1")
     sdpa.register(lib)
     bounds.register(lib)
     handlers.register(lib)
