@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 import warnings
@@ -226,6 +227,26 @@ def test_tensor_of_a_tpu_storage_reads_its_values():
         host, on_tpu = torch.tensor(t.storage()), torch.tensor(t[2:].storage(), device="tpu")
     assert host.device.type == "cpu" and host.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
     assert on_tpu.device.type == "tpu" and on_tpu.cpu().tolist() == host.tolist()
+
+
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
+def test_a_tensors_storage_copies_clones_and_fills_as_on_cpu():
+    """A tpu tensor's storage has no data pointer: torch's byte copies raised
+    "invalid python storage" for ``storage.cpu()``, ``clone()``,
+    ``copy.deepcopy`` and ``fill_`` (Note [Storage bytes])."""
+
+    def run(d):
+        t = torch.arange(6.0, device=d) + 1
+        other = torch.zeros(6, device=d)
+        host = t.untyped_storage().cpu().tolist()  # on CPU, the storage itself
+        clone, deep, typed = t.untyped_storage().clone(), copy.deepcopy(t.untyped_storage()), t.storage().clone()
+        other.untyped_storage().copy_(t.untyped_storage())  # between two tpu storages
+        t.untyped_storage().fill_(0)  # seen by the tensor; not by the copies
+        with pytest.raises(RuntimeError, match="size does not match, self was 24 bytes but src was 8 bytes"):
+            t.untyped_storage().copy_(torch.zeros(2).untyped_storage())
+        return [host, clone.cpu().tolist(), deep.cpu().tolist(), typed.tolist(), other.tolist(), t.tolist()]
+
+    assert run("tpu") == run("cpu")
 
 
 def test_is_set_to_compares_storage_offset_sizes_and_strides():

@@ -292,6 +292,45 @@ class TpuStorage(torch.UntypedStorage):
             )
         return self
 
+    # Note [Storage bytes]: torch's own storage methods copy or fill bytes
+    # through the storage's data pointer, which a tensor's tpu storage does not
+    # have ("invalid python storage"); they run here on a uint8 tensor set to
+    # the storage (a dtype view of its value), so that ``storage.cpu()``,
+    # ``clone()``, ``copy.deepcopy``, ``fill_`` and ``copy_`` between tpu
+    # storages read and write the tensors on it.
+    def _bytes(self) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.uint8, device=self.device).set_(self)
+
+    def _tensors_storage(self) -> bool:
+        held = vars(self).get(_STORAGE_TAG)
+        return held is not None and held.storage is not None
+
+    def cpu(self):
+        return self._bytes().cpu().untyped_storage() if self._tensors_storage() else super().cpu()
+
+    def clone(self):
+        if not self._tensors_storage():
+            return super().clone()
+        # a storage of host bytes on tpu (Note [tpu storages] in frontend/hostio): a plain UntypedStorage,
+        # which TypedStorage requires of what it wraps
+        return torch.UntypedStorage(self.nbytes(), device=self.device).copy_(self.cpu())
+
+    def fill_(self, value):
+        if not self._tensors_storage():
+            return super().fill_(value)
+        self._bytes().fill_(value)
+        return self
+
+    def copy_(self, source, non_blocking=None):
+        if not self._tensors_storage():
+            return super().copy_(source, non_blocking)
+        if source.nbytes() != self.nbytes():
+            have, given = self.nbytes(), source.nbytes()
+            raise RuntimeError(f"size does not match, self was {have} bytes but src was {given} bytes")
+        src = source._bytes() if isinstance(source, TpuStorage) and source._tensors_storage() else source
+        self._bytes().copy_(src if isinstance(src, torch.Tensor) else torch.empty(0, dtype=torch.uint8).set_(src))
+        return self
+
 
 def _copied_storage(storage: Storage) -> Storage:
     """A new storage holding ``storage``'s value (Note [Deep copies])."""
