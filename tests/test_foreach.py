@@ -223,7 +223,13 @@ def test_foreach_forms_torch_loops_over_match_cpu(name):
 @pytest.mark.parametrize("scalars", [[], [1.0], [1.0, 2.0, 3.0]])
 def test_foreach_scalar_list_of_another_length_raises_as_on_cpu(scalars):
     tensors = [torch.ones(2, device="tpu"), torch.ones(3, device="tpu")]
-    for op in (torch._foreach_add, torch._foreach_mul_, torch._foreach_maximum):
+    for op in (
+        torch._foreach_add,
+        torch._foreach_mul_,
+        torch._foreach_maximum,
+        torch._foreach_pow,
+        torch._foreach_pow_,
+    ):
         with pytest.raises(RuntimeError, match="Tensor list must have same number of elements as scalar list"):
             op(tensors, scalars)
 

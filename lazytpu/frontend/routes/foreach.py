@@ -93,8 +93,8 @@ def _element_calls(func, element, args, kwargs) -> list[tuple[tuple, dict]]:
         tail[name] = a
     tail.update(kwargs)
     n = len(next(a for a in args if isinstance(a, (list, tuple))))
-    if "scalars" in names[: len(args)] and isinstance(args[names.index("scalars")], (list, tuple)):
-        if len(args[names.index("scalars")]) != n:
+    for a, arg in zip(args, func._schema.arguments):  # ``scalars``, pow's ``exponent``
+        if isinstance(a, (list, tuple)) and str(arg.type) == "List[number]" and len(a) != n:
             raise RuntimeError("Tensor list must have same number of elements as scalar list.")
     return [
         (
