@@ -161,3 +161,17 @@ def test_jax_caches_are_cleared_once_per_bound_evictions(bound, monkeypatch):
     assert _compiles(*range(404, 411)) == 7  # 7 evictions: two multiples of 3
     assert len(cleared) == 2
     torch.testing.assert_close((torch.arange(4.0, device="tpu") * 2).cpu(), torch.arange(4.0) * 2)
+
+
+def test_mappings_past_half_the_kernels_limit_evict_the_older_half(bound, monkeypatch):
+    """A program of a few hundred ops holds hundreds of mappings: past half of
+    ``vm.max_map_count`` a compile evicts the least recently used half of the
+    cache, whatever its bound (a graph-capped loop crashed in XLA at the limit)."""
+    bound(100)
+    assert _compiles(301, 302, 303, 304) == 4
+    monkeypatch.setattr(executor, "_mappings", lambda: executor._mappings_limit())
+    assert _compiles(305) == 1
+    assert len(executor._CACHE.entries) == 2  # 305 and 304, the most recently used
+    assert _compiles(304, 305) == 0
+    monkeypatch.undo()
+    assert _compiles(301) == 1 and len(executor._CACHE.entries) == 3

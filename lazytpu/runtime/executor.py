@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import math
 import threading
 import time
@@ -17,11 +18,30 @@ from lazytpu.runtime import memory, persistent
 from lazytpu.runtime.platform import device, devices
 
 
+def _mappings() -> int:
+    """The memory mappings this process holds (0 where ``/proc`` has none)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return f.read().count(b"\n")
+    except OSError:
+        return 0
+
+
+@functools.cache
+def _mappings_limit() -> int:
+    """The kernel's limit on a process's mappings (Linux's default where unreadable)."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65530
+
+
 class _ProgramCache:
     """In-memory cache of compiled executables, keyed by program key.
 
     Note [Program cache bound]: each compiled program holds a few MB and tens
-    of memory mappings (XLA:CPU's code for it) until it is dropped, and the
+    to hundreds of memory mappings (XLA:CPU's code for it) until it is dropped, and the
     kernel allows a process 65,530 mappings: an unbounded cache crashed a loop
     over a few hundred distinct shapes. At most ``LAZYTPU_PROGRAM_CACHE_SIZE``
     programs are kept; past it the least recently used one is evicted, and
@@ -35,6 +55,13 @@ class _ProgramCache:
     drops them (our compiled programs are not JAX's to clear), so a stream
     of new shapes runs at flat memory; a workload that never evicts never
     clears them.
+
+    A program's mappings grow with its size (a graph-capped program of about
+    600 ops holds about 470): 256 such programs are past the kernel's limit,
+    and a loop flushing at the graph cap crashed in XLA after about 130
+    compiles. So the cache also keeps the process's mappings below half the
+    limit (``vm.max_map_count``): a compile that finds them past it evicts
+    the least recently used half of the cache.
 
     Hits and evictions are counted here only (``cache_info``); the metrics'
     ``cache_hits`` and ``programs_evicted`` are folded from these counts
@@ -97,7 +124,10 @@ class _ProgramCache:
             again = self.evicted.pop(hash(key), False)
             self.entries[key] = [compiled, self.tick]
             dropped = []
-            while len(self.entries) > bound:
+            keep = bound
+            if _mappings() > _mappings_limit() // 2:  # Note [Program cache bound]
+                keep = min(bound, max(1, len(self.entries) // 2))
+            while len(self.entries) > keep:
                 old, entry = min(self.entries.items(), key=lambda item: item[1][1])
                 del self.entries[old]
                 dropped.append(entry)
