@@ -540,3 +540,14 @@ def test_ctc_loss_takes_cpu_lengths(where, reduction):
     assert got.device.type == "tpu"
     torch.testing.assert_close(got.cpu(), expected)
     torch.testing.assert_close(lp_tpu.grad.cpu(), lp_cpu.grad)
+
+
+@pytest.mark.parametrize("shape,kernel,out", [((1, 3, 9, 11), 3, (4, 5)), ((1, 2, 7, 8, 9), (3, 2, 2), (3, 4, 5))])
+def test_fractional_max_pool_reads_the_first_rows_of_larger_samples(shape, kernel, out):
+    """Samples for a larger batch (a module built with ``_random_samples`` for
+    batch 2, called on batch 1): CPU's kernels read the first rows (a LoweringError here)."""
+    nd = len(out)
+    x, samples = torch.randn(shape), torch.rand(2, shape[1], nd)
+    fn = getattr(torch.nn.functional, f"fractional_max_pool{nd}d")
+    with no_fallback():
+        run_both(lambda t, u: fn(t, kernel, output_size=out, return_indices=True, _random_samples=u), x, samples)

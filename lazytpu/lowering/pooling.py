@@ -368,6 +368,7 @@ def _fractional_max_pool(x, kernel_size, output_size, samples, order):
     unbatched = x.ndim == nd + 1
     if unbatched:
         x = x[None]
+    samples = samples[: x.shape[0]]  # for a larger batch, CPU's kernels read its first rows
     spatial = x.shape[-nd:]
     taps = []
     for d in range(nd):
