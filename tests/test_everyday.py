@@ -172,6 +172,40 @@ def test_lazy_module_moved_before_its_first_forward(name):
     torch.testing.assert_close(outs["tpu"], outs["cpu"])
 
 
+@pytest.mark.parametrize("name", LAZY_MODULES)
+@pytest.mark.parametrize("how", ["device", "default_device"])
+def test_lazy_module_made_on_tpu(name, how):
+    """``nn.LazyLinear(3, device="tpu")`` (or tpu the default device) makes its
+    uninitialized parameters on tpu (torch's class cannot hold a tpu tensor: it
+    raised); the first forward materializes them there, with CPU's numbers."""
+    make, shape = LAZY_MODULES[name]
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    reference = make()
+    reference(x)
+    if how == "device":
+        model = type(make())(*_lazy_args(make()), device="tpu")
+    else:
+        with torch.device("tpu"):
+            model = make()
+    assert model.has_uninitialized_params() and isinstance(model.weight, nn.parameter.UninitializedParameter)
+    assert model.weight.device.type == "tpu" and all(b.device.type == "tpu" for b in model.buffers())
+    model(x.to("tpu"))
+    assert not any(nn.parameter.is_lazy(t) for t in model.parameters()) and isinstance(model.weight, nn.Parameter)
+    model.load_state_dict(reference.state_dict())
+    torch.testing.assert_close(_host(model(x.to("tpu"))), reference(x).detach())
+    assert type(nn.parameter.UninitializedParameter(device="cpu")) is nn.parameter.UninitializedParameter
+
+
+def _lazy_args(module) -> tuple:
+    """The positional arguments a lazy module was made with (as in ``LAZY_MODULES``)."""
+    if isinstance(module, nn.LazyLinear):
+        return (module.out_features,)
+    if isinstance(module, nn.LazyConv2d):
+        return (module.out_channels, module.kernel_size)
+    return ()
+
+
 def test_lazy_module_round_trips_and_copies_uninitialized():
     model = nn.LazyLinear(3).to("tpu")
     twin = copy.deepcopy(model)

@@ -35,7 +35,9 @@ uninitialized class (``is_lazy``, ``materialize``, its errors on use) over a
 they become when materialized. ``keep_parameters`` gives an uninitialized
 parameter or buffer that a conversion moves to or from tpu the class of its
 new device before torch's pass (whose ``UninitializedBuffer.to("tpu")``
-would fail), the Parameter object kept as above.
+would fail), the Parameter object kept as above; made with ``device="tpu"``
+(a lazy module's ``factory_kwargs``, or tpu the default device), torch's
+classes give the twins (``install``).
 """
 
 from __future__ import annotations
@@ -73,6 +75,29 @@ class UninitializedBuffer(parameter.UninitializedBuffer, LazyTensor):
 
     def __new__(cls, requires_grad=False, device=None, dtype=None):
         return _uninitialized_on_tpu(cls, requires_grad, device, dtype)
+
+
+def _on_tpu(device) -> bool:
+    return (torch.get_default_device() if device is None else torch.device(device)).type == "tpu"
+
+
+def _made_on_tpu(cls, twin):
+    """torch's ``cls.__new__``, or ``twin`` where the device is tpu (``nn.LazyLinear(3, device="tpu")``
+    makes ``UninitializedParameter(device="tpu")``, which torch's class cannot hold)."""
+    make = cls.__new__
+
+    def __new__(kind, requires_grad=cls is parameter.UninitializedParameter, device=None, dtype=None):
+        if kind is cls and _on_tpu(device):
+            return twin(requires_grad, device, dtype)
+        return make(kind, requires_grad, device, dtype)
+
+    return __new__
+
+
+def install() -> None:
+    """Make torch's uninitialized classes give their tpu twins for a tpu device (Note [Lazy modules on tpu])."""
+    parameter.UninitializedParameter.__new__ = _made_on_tpu(parameter.UninitializedParameter, UninitializedParameter)
+    parameter.UninitializedBuffer.__new__ = _made_on_tpu(parameter.UninitializedBuffer, UninitializedBuffer)
 
 
 def _uninitialized_as(old, new):

@@ -13,7 +13,16 @@ from torch.utils import _foreach_utils
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from lazytpu import _config
-from lazytpu.device import accelerator, autocast, backward_errors, checkpoint, sdpa, serialization, tpu
+from lazytpu.device import (
+    accelerator,
+    autocast,
+    backward_errors,
+    checkpoint,
+    module_conversion,
+    sdpa,
+    serialization,
+    tpu,
+)
 from lazytpu.device.backward_errors import probe as _probe
 from lazytpu.device.backward_errors import rescue
 from lazytpu.device.module_conversion import keep_parameters
@@ -204,9 +213,10 @@ def register() -> None:
     # torch.accelerator's streams, synchronize and memory functions reach torch.tpu's
     # (Note [Accelerator routing] in device/accelerator).
     accelerator.register()
-    # The one patch of a torch class, so that ``model.to("tpu")`` keeps
+    # A patch of a torch class, so that ``model.to("tpu")`` keeps
     # Parameters (and tied weights) as CUDA does (Note [Module conversion]).
     torch.nn.Module._apply = keep_parameters(torch.nn.Module._apply)
+    module_conversion.install()  # Note [Lazy modules on tpu]
     # Note [Foreach optimizers]: torch.optim takes its ``foreach`` path only
     # for tensors whose type is listed in these two tables; tpu tensors join
     # them (as DTensor does) so that optimizers default to it on tpu as on
