@@ -551,3 +551,35 @@ def test_fractional_max_pool_reads_the_first_rows_of_larger_samples(shape, kerne
     fn = getattr(torch.nn.functional, f"fractional_max_pool{nd}d")
     with no_fallback():
         run_both(lambda t, u: fn(t, kernel, output_size=out, return_indices=True, _random_samples=u), x, samples)
+
+
+# -- out= through composite kernels, views they write through ---------------------------
+
+
+def _written_out(d):
+    """``out=`` forms whose composite kernels write through ``_unsafe_view`` or
+    make a new tensor for a subclass: the out tensor stayed unwritten (zeros)."""
+    a, b = torch.tensor([[1.0], [2.0]]).to(d), torch.tensor([[10.0, 20.0, 30.0]]).to(d)
+    kron = torch.zeros(2, 3, device=d)
+    torch.kron(a, b, out=kron)
+    m = torch.eye(4).expand(2, 4, 4).clone()
+    m[1, 3, 3] = 0
+    ranks = [torch.zeros(2, dtype=torch.int64, device=d) for _ in range(3)]
+    torch.linalg.matrix_rank(m.to(d), out=ranks[0])
+    torch.linalg.matrix_rank(m.to(d), atol=0.5, rtol=0.0, out=ranks[1])
+    torch.linalg.matrix_rank(m.to(d), tol=torch.tensor(0.5).to(d), out=ranks[2])
+    base = torch.zeros(6, device=d)
+    torch.ops.aten._unsafe_view(base, [2, 3]).add_(1)  # a view of base, as on CPU
+    return [t.cpu().tolist() for t in (kron, *ranks, base)]
+
+
+def test_out_forms_of_composite_kernels_write_their_out_tensor():
+    assert _written_out("tpu") == _written_out("cpu")
+
+
+@pytest.mark.parametrize("uplo", ["U", "u", "L", "l"])
+def test_eigh_reads_the_triangle_uplo_names_in_either_case(uplo):
+    a = torch.randn(4, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # not symmetric
+    expected = torch.linalg.eigvalsh(a, UPLO=uplo)
+    torch.testing.assert_close(torch.linalg.eigvalsh(a.to("tpu"), UPLO=uplo).cpu(), expected)
+    torch.testing.assert_close(torch.linalg.eigh(a.to("tpu"), UPLO=uplo)[0].cpu(), expected)

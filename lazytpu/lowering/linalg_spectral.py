@@ -49,7 +49,7 @@ def linalg_svd(a, full_matrices=False, compute_uv=True, *, driver=None):
 
 @lowering(aten._linalg_eigh.default)
 def linalg_eigh(a, UPLO="L", compute_v=True):  # noqa: N803 - torch's argument name
-    vectors, values = lax.linalg.eigh(a, lower=UPLO == "L", symmetrize_input=False)
+    vectors, values = lax.linalg.eigh(a, lower=UPLO.upper() == "L", symmetrize_input=False)
     if not compute_v:
         return values, jnp.zeros((0,), a.dtype)
     return values, vectors

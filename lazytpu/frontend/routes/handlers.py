@@ -329,6 +329,14 @@ def has_same_storage_numel(func, args, kwargs):
     return numel(args[0]) == numel(args[1])
 
 
+@handles(aten._unsafe_view.default)
+def unsafe_view(func, args, kwargs):
+    """A view sharing its input's storage, as CPU's: composite kernels write
+    through one (``kron(out=)``: the out tensor stayed unwritten when it was a
+    copy); autograd, above this, took it for a new tensor, as torch does."""
+    return aten.view.default(*args, **kwargs)
+
+
 @handles(aten.is_same_size.default)
 def is_same_size(func, args, kwargs):
     """Sizes only, of tensors of any devices (forward AD's ``copy_`` asks it of a CPU and a tpu tangent)."""
@@ -459,9 +467,37 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reducti
     return aten.ctc_loss.IntList(log_probs, targets, il, tl, blank, reduction, zero_infinity)
 
 
+def _matrix_rank_out(functional):
+    """``linalg.matrix_rank(..., out=t)``: torch's composite kernel computes a
+    new tensor for a tensor subclass and leaves ``t`` unwritten (under a
+    ``TorchDispatchMode`` on CPU too); here the result is written into ``t``,
+    resized as ``out=`` tensors are, after CPU's dtype check."""
+
+    def kernel(*args, out, **kwargs):
+        if not torch.can_cast(torch.long, out.dtype):
+            raise RuntimeError(
+                "torch.linalg.matrix_rank: Expected result to be safely castable from Long dtype, but got "
+                f"result with dtype {str(out.dtype).removeprefix('torch.').capitalize()}"
+            )
+        result = functional(*args, **kwargs)
+        resize_to(out, result.shape)
+        return out.copy_(result)
+
+    return kernel
+
+
 def register(lib) -> None:
-    """Install ``ctc_loss`` in ``lib`` (device/registration's aten library)."""
+    """Install ``ctc_loss`` and ``linalg_matrix_rank``'s ``out=`` forms in
+    ``lib`` (device/registration's aten library), above autograd's composite kernels."""
     lib.impl("ctc_loss.Tensor", ctc_loss, "AutogradPrivateUse1")
+    for out, functional in (
+        ("out", "default"),
+        ("out_tol_tensor", "tol_tensor"),
+        ("atol_rtol_tensor_out", "atol_rtol_tensor"),
+        ("atol_rtol_float_out", "atol_rtol_float"),
+    ):
+        kernel = _matrix_rank_out(getattr(aten.linalg_matrix_rank, functional))
+        lib.impl(f"linalg_matrix_rank.{out}", kernel, "AutogradPrivateUse1")
 
 
 @handles(aten._ctc_loss.Tensor)
