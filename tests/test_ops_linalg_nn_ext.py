@@ -583,3 +583,19 @@ def test_eigh_reads_the_triangle_uplo_names_in_either_case(uplo):
     expected = torch.linalg.eigvalsh(a, UPLO=uplo)
     torch.testing.assert_close(torch.linalg.eigvalsh(a.to("tpu"), UPLO=uplo).cpu(), expected)
     torch.testing.assert_close(torch.linalg.eigh(a.to("tpu"), UPLO=uplo)[0].cpu(), expected)
+
+
+@pytest.mark.parametrize("driver", ["gelsy", "gelsd", "gelss"])
+@pytest.mark.parametrize("rcond", [-1.0, 0.0, 1e-4, 0.5, 1.0, 2.0])
+def test_lstsq_with_an_explicit_rcond(driver, rcond):
+    """A given ``rcond`` is lifted to a program input (its comparison failed to
+    lower); LAPACK's ranges: gelsd takes one outside (0, 1), any driver a negative
+    one, for the precision. gelsy's rank-revealing QR truncates other columns than
+    the SVD does, so its solutions are compared where no singular value is dropped."""
+    torch.manual_seed(0)
+    a, b = torch.randn(7, 5, dtype=torch.float64), torch.randn(7, 2, dtype=torch.float64)
+    expected = torch.linalg.lstsq(a, b, rcond=rcond, driver=driver)
+    got = torch.linalg.lstsq(a.to("tpu"), b.to("tpu"), rcond=rcond, driver=driver)
+    assert got.rank.cpu().tolist() == expected.rank.tolist() or (driver == "gelsy" and rcond == 0.5)
+    if driver != "gelsy" or expected.rank.item() == 5:
+        torch.testing.assert_close(got.solution.cpu(), expected.solution)

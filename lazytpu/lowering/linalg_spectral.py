@@ -113,8 +113,13 @@ def linalg_lstsq(a, b, rcond=None, *, driver=None):
     a = jnp.broadcast_to(a, batch + (m, n))
     b2 = jnp.broadcast_to(b2, batch + b2.shape[-2:])
     real = jnp.finfo(a.dtype).dtype
-    if rcond is None or rcond < 0:
-        rcond = jnp.finfo(real).eps * max(m, n) if rcond is None else jnp.finfo(real).eps
+    eps = jnp.finfo(real).eps
+    if rcond is None:
+        rcond = eps * max(m, n)
+    else:  # a lifted number (Note [Scalar lifting]): LAPACK takes one out of its range for the precision
+        rcond = jnp.asarray(rcond, real)
+        outside = (rcond <= 0) | (rcond >= 1) if driver == "gelsd" else rcond < 0  # dlalsd's range is (0, 1)
+        rcond = jnp.where(outside, jnp.asarray(eps, real), rcond)
     if m == 0 or n == 0:
         s = jnp.zeros(batch + (0,), real)
         x = jnp.zeros(batch + (n, b2.shape[-1]), a.dtype)
@@ -122,6 +127,8 @@ def linalg_lstsq(a, b, rcond=None, *, driver=None):
     else:
         u, s, vh = lax.linalg.svd(a, full_matrices=False)
         keep = s > rcond * s[..., :1]
+        if driver == "gelsy":  # its rank-revealing QR keeps the first column of a nonzero matrix
+            keep = keep.at[..., 0].set(s[..., 0] > 0)
         s_inv = jnp.where(keep, 1 / jnp.where(keep, s, 1), 0).astype(a.dtype)
         x = conj_transpose(vh) @ (s_inv[..., :, None] * (conj_transpose(u) @ b2))
         rank = jnp.sum(keep, axis=-1).astype(jnp.int64)
