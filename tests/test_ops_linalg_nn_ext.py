@@ -570,7 +570,11 @@ def _written_out(d):
     torch.linalg.matrix_rank(m.to(d), tol=torch.tensor(0.5).to(d), out=ranks[2])
     base = torch.zeros(6, device=d)
     torch.ops.aten._unsafe_view(base, [2, 3]).add_(1)  # a view of base, as on CPU
-    return [t.cpu().tolist() for t in (kron, *ranks, base)]
+    batch, matrix = torch.arange(12.0).reshape(2, 3, 2).to(d), torch.tensor([[1.0, 2.0], [3.0, 4.0]]).to(d)
+    products = [torch.empty(2, 3, 2, device=d), torch.empty(2, 3, device=d)]  # matmul folds the batch
+    torch.matmul(batch, matrix, out=products[0])
+    torch.matmul(batch, matrix[0], out=products[1])
+    return [t.cpu().tolist() for t in (kron, *ranks, base, *products)]
 
 
 def test_out_forms_of_composite_kernels_write_their_out_tensor():

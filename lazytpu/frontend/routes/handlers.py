@@ -486,10 +486,26 @@ def _matrix_rank_out(functional):
     return kernel
 
 
+def _matmul_out(a, b, *, out):
+    """``matmul(..., out=t)`` of a batch by a matrix or vector: torch's composite
+    kernel reshapes ``t``, writes the reshaped view, then copies it back into
+    ``t`` unless ``is_alias_of`` says they share memory, which it never says of
+    two tpu tensors (the copy of ``t`` into itself raised the overlap error)."""
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        raise RuntimeError(
+            "matmul(): functions with out=... arguments don't support automatic differentiation, but one of the "
+            "arguments requires grad."
+        )
+    result = torch.matmul(a, b)
+    resize_to(out, result.shape)
+    return out.copy_(result)
+
+
 def register(lib) -> None:
-    """Install ``ctc_loss`` and ``linalg_matrix_rank``'s ``out=`` forms in
+    """Install ``ctc_loss``, ``matmul.out`` and ``linalg_matrix_rank``'s ``out=`` forms in
     ``lib`` (device/registration's aten library), above autograd's composite kernels."""
     lib.impl("ctc_loss.Tensor", ctc_loss, "AutogradPrivateUse1")
+    lib.impl("matmul.out", _matmul_out, "AutogradPrivateUse1")
     for out, functional in (
         ("out", "default"),
         ("out_tol_tensor", "tol_tensor"),
