@@ -3,6 +3,7 @@ without CPU fallback; checks that validate values raise torch's errors."""
 
 from __future__ import annotations
 
+import re
 import sys
 
 import jax.numpy as jnp
@@ -603,3 +604,26 @@ def test_lstsq_with_an_explicit_rcond(driver, rcond):
     assert got.rank.cpu().tolist() == expected.rank.tolist() or (driver == "gelsy" and rcond == 0.5)
     if driver != "gelsy" or expected.rank.item() == 5:
         torch.testing.assert_close(got.solution.cpu(), expected.solution)
+
+
+LSTSQ_BAD = {
+    "vector_input": (lambda: torch.randn(3), lambda: torch.randn(3), {}),
+    "scalar_other": (lambda: torch.randn(3, 2), lambda: torch.tensor(1.0), {}),
+    "rows": (lambda: torch.randn(3, 2), lambda: torch.randn(4, 1), {}),
+    "vector_rows": (lambda: torch.randn(3, 2), lambda: torch.randn(4), {}),
+    "batched_rows": (lambda: torch.randn(2, 3, 2), lambda: torch.randn(2, 4), {}),
+    "dtypes": (lambda: torch.randn(3, 2), lambda: torch.randn(3, 1, dtype=torch.float64), {}),
+    "other_dims": (lambda: torch.randn(3, 2), lambda: torch.randn(1, 1, 3, 1), {}),
+    "driver": (lambda: torch.randn(3, 2), lambda: torch.randn(3, 1), {"driver": "fictitious"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LSTSQ_BAD))
+def test_lstsq_checks_its_arguments_as_cpu(name):
+    """CPU's errors at the call (1-d input and a 0-d other raised ValueError and
+    IndexError, rows that do not match failed at the read, a bad driver ran)."""
+    a, b, kwargs = LSTSQ_BAD[name]
+    with pytest.raises(RuntimeError) as cpu:
+        torch.linalg.lstsq(a(), b(), **kwargs)
+    with pytest.raises(RuntimeError, match=re.escape(str(cpu.value))):
+        torch.linalg.lstsq(a().to("tpu"), b().to("tpu"), **kwargs)

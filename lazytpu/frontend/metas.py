@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from lazytpu import _caches
+from lazytpu import _caches, _dtypes
 from lazytpu.frontend.checks.probe import run_on
 from lazytpu.frontend.tensor import LazyTensor
 from lazytpu.ir import Scalar
@@ -55,11 +55,40 @@ def _geqrf(a):
     return a.new_empty(a.shape).mT.contiguous().mT, a.new_empty(a.shape[:-2] + (min(m, n),))
 
 
+def _check_lstsq(a, b, driver) -> None:
+    where = "torch.linalg.lstsq:"
+    torch._check(a.dim() >= 2, lambda: f"{where} input must have at least 2 dimensions.")
+    torch._check(b.dim() >= 1, lambda: f"{where} other must have at least 1 dimension.")
+    torch._check(
+        a.dtype == b.dtype,
+        lambda: (
+            f"{where} Expected input and other to have the same dtype, but got input's dtype "
+            f"{_dtypes.type_name(a.dtype)} and other's dtype {_dtypes.type_name(b.dtype)}"
+        ),
+    )
+    diff = a.dim() - b.dim()
+    torch._check(
+        0 <= diff <= 1,
+        lambda: f"{where} input.dim() must be greater or equal to other.dim() and (input.dim() - other.dim()) <= 1",
+    )
+    vector = b.dim() == 1 or (diff == 1 and b.shape == a.shape[:-1])
+    torch._check(
+        a.shape[-2] == (b.shape[-1] if vector else b.shape[-2]),
+        lambda: f"{where} input.size(-2) should match other.size(-{1 if vector else 2})",
+    )
+    torch._check(
+        driver in (None, "gels", "gelsy", "gelsd", "gelss"),
+        lambda: f"{where} parameter `driver` should be one of (gels, gelsy, gelsd, gelss)",
+    )
+
+
 def _lstsq(a, b, rcond=None, *, driver=None):
     """``linalg_lstsq``'s outputs (``BatchLinearAlgebra.cpp``): which are empty
     follows from the driver. gelsd/gelss residuals on tall input exist only
     when every matrix has full rank (data): shaped here as if so, and the
-    handler (``handlers.linalg_lstsq``) empties them after reading the ranks."""
+    handler (``handlers.linalg_lstsq``) empties them after reading the ranks.
+    CPU's checks first (``linalg_lstsq_out``)."""
+    _check_lstsq(a, b, driver)
     driver = driver or "gelsy"
     m, n = a.shape[-2:]
     vector = b.dim() == 1 or (a.dim() - 1 == b.dim() and b.shape == a.shape[:-1])
