@@ -496,6 +496,9 @@ def _matmul_out(a, b, *, out):
             "matmul(): functions with out=... arguments don't support automatic differentiation, but one of the "
             "arguments requires grad."
         )
+    folded = a.dim() >= 3 and b.dim() in (1, 2) and a.dtype == b.dtype == out.dtype
+    if not folded:  # torch's kernel, with its checks (``out`` of another dtype: mm's and addmv's errors)
+        return aten.matmul.out._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, a, b, out=out)
     result = torch.matmul(a, b)
     resize_to(out, result.shape)
     return out.copy_(result)
