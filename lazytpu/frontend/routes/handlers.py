@@ -497,6 +497,7 @@ def _matmul_out(a, b, *, out):
             "arguments requires grad."
         )
     folded = a.dim() >= 3 and b.dim() in (1, 2) and a.dtype == b.dtype == out.dtype
+    folded = folded and type(a) is type(b) is type(out) is LazyTensor and a.device == b.device == out.device
     if not folded:  # torch's kernel, with its checks (``out`` of another dtype: mm's and addmv's errors)
         return aten.matmul.out._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, a, b, out=out)
     result = torch.matmul(a, b)
