@@ -60,13 +60,18 @@ def _step(state_step) -> jnp.ndarray:
     return state_step.reshape(()).astype(jnp.float32).astype(_F64)
 
 
-def _unscale(g, grad_scale, compute):
-    """The gradient in the compute type, and the value written back into ``grads``."""
-    wide = g.astype(compute)
-    if grad_scale is None:
-        return wide, g
-    wide = wide / grad_scale.reshape(()).astype(compute)
-    return wide, wide.astype(g.dtype)
+def _prologue(p, g, grad_scale, maximize):
+    """What every kernel starts with: the cast to the compute type, the unscaled (and for ``maximize``
+    negated) gradient, the value written back into ``grads``, and the parameter in the compute type."""
+    compute = _compute_dtype(p.dtype)
+    grad = g.astype(compute)
+    new_g = g
+    if grad_scale is not None:
+        grad = grad / grad_scale.reshape(()).astype(compute)
+        new_g = grad.astype(g.dtype)
+    if maximize:
+        grad = -grad
+    return _in(compute), grad, new_g, p.astype(compute)
 
 
 def _decay(g, p, weight_decay, cast):
@@ -74,12 +79,13 @@ def _decay(g, p, weight_decay, cast):
     return jnp.where(_wide(weight_decay) != 0, g + p * cast(weight_decay), g)
 
 
-def _kept(found_inf, outs: list, olds: list) -> list:
-    """Every output as it was when ``found_inf`` is 1.0."""
-    if found_inf is None:
-        return outs
-    skip = found_inf.reshape(()) == 1.0
-    return [jnp.where(skip, old, new) for new, old in zip(outs, olds)]
+def _append(outs: tuple, found_inf, news: list, olds: list) -> None:
+    """Appends each new value to its output list; every output stays as it was when ``found_inf`` is 1.0."""
+    if found_inf is not None:
+        skip = found_inf.reshape(()) == 1.0
+        news = [jnp.where(skip, old, new) for new, old in zip(news, olds)]
+    for out, new in zip(outs, news):
+        out.append(new)
 
 
 def _flat(outs) -> tuple:
@@ -107,16 +113,12 @@ def _adam(
 ):
     outs: tuple[list, ...] = ([], [], [], [], [])
     for i, (p, g, m, v, step) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, state_steps)):
-        compute = _compute_dtype(p.dtype)
-        cast = _in(compute)
+        cast, grad, new_g, param = _prologue(p, g, grad_scale, maximize)
+        compute = param.dtype
         step = _step(step)
         lr64 = _wide(lr)
         step_size = lr64 / (1 - jnp.power(_wide(beta1), step))
         bias_correction2_sqrt = jnp.sqrt(1 - jnp.power(_wide(beta2), step))
-        grad, new_g = _unscale(g, grad_scale, compute)
-        if maximize:
-            grad = -grad
-        param = p.astype(compute)
         if decoupled:
             param = jnp.where(_wide(weight_decay) != 0, param * cast(1 - lr64 * _wide(weight_decay)), param)
         else:
@@ -133,8 +135,7 @@ def _adam(
         if amsgrad:
             news.append(top.astype(v.dtype))
             olds.append(max_exp_avg_sqs[i])
-        for out, new in zip(outs, _kept(found_inf, news, olds)):
-            out.append(new)
+        _append(outs, found_inf, news, olds)
     return _flat(outs)
 
 
@@ -170,24 +171,19 @@ def fused_sgd(
     outs: tuple[list, ...] = ([], [], [])
     has_momentum = _wide(momentum) != 0
     for i, (p, g) in enumerate(zip(params, grads)):
-        compute = _compute_dtype(p.dtype)
-        cast = _in(compute)
-        grad, new_g = _unscale(g, grad_scale, compute)
-        if maximize:
-            grad = -grad
-        param = p.astype(compute)
+        cast, grad, new_g, param = _prologue(p, g, grad_scale, maximize)
         grad = _decay(grad, param, weight_decay, cast)
         olds, news = [p, g], [None, new_g]
         if momentum_buffer_list:  # torch passes none when momentum is 0 (its kernel checks the count)
             old = momentum_buffer_list[i]
-            buf = grad if is_first_step else old.astype(compute) * cast(momentum) + grad * cast(1 - _wide(dampening))
+            kept = old.astype(param.dtype) * cast(momentum)
+            buf = grad if is_first_step else kept + grad * cast(1 - _wide(dampening))
             stepped = grad + buf * cast(momentum) if nesterov else buf
             grad = jnp.where(has_momentum, stepped, grad)
             olds.append(old)
             news.append(jnp.where(has_momentum, buf.astype(old.dtype), old))
         news[0] = (param + grad * cast(-_wide(lr))).astype(p.dtype)
-        for out, new in zip(outs, _kept(found_inf, news, olds)):
-            out.append(new)
+        _append(outs, found_inf, news, olds)
     return _flat(outs)
 
 
@@ -207,18 +203,12 @@ def _adagrad(
 ):
     outs: tuple[list, ...] = ([], [], [])
     for p, g, s, step in zip(params, grads, state_sums, state_steps):
-        compute = _compute_dtype(p.dtype)
-        cast = _in(compute)
+        cast, grad, new_g, param = _prologue(p, g, grad_scale, maximize)
         clr = _wide(lr) / (1.0 + (_step(step) - 1.0) * _wide(lr_decay))
-        grad, new_g = _unscale(g, grad_scale, compute)
-        if maximize:
-            grad = -grad
-        param = p.astype(compute)
         grad = _decay(grad, param, weight_decay, cast)
-        total = s.astype(compute) + grad * grad
+        total = s.astype(param.dtype) + grad * grad
         param = param - cast(clr) * grad / (jnp.sqrt(total) + cast(eps))
-        for out, new in zip(outs, _kept(found_inf, [param.astype(p.dtype), new_g, total.astype(s.dtype)], [p, g, s])):
-            out.append(new)
+        _append(outs, found_inf, [param.astype(p.dtype), new_g, total.astype(s.dtype)], [p, g, s])
     return _flat(outs)
 
 
