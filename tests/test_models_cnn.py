@@ -94,6 +94,43 @@ def test_max_pool3d_of_an_unbatched_channels_last_input_keeps_cpus_layout():
         assert torch.equal(a.cpu(), e)
 
 
+@pytest.mark.parametrize(
+    ("dims", "dtype", "transposed", "layout", "channels_last"),
+    [
+        (2, torch.float32, False, "input", True),
+        (2, torch.float64, True, "weight", True),
+        (3, torch.float32, True, "input", True),
+        (3, torch.float64, False, "both", False),  # CPU's slow 3-d kernel
+        (2, torch.float32, False, "none", False),
+    ],
+)
+def test_convolution_outputs_and_gradients_have_cpus_layout(dims, dtype, transposed, layout, channels_last):
+    """Channels-last inputs or weights give channels-last outputs and gradients where CPU's
+    kernel does (Note [Convolution layouts]): ``view`` and ``is_contiguous`` answer as on CPU."""
+    fmt = torch.channels_last if dims == 2 else torch.channels_last_3d
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, *[6] * dims, generator=gen, dtype=dtype)
+    w = torch.randn(*((4, 3) if transposed else (3, 4)), *[3] * dims, generator=gen, dtype=dtype)
+    if layout in ("input", "both"):
+        x = x.contiguous(memory_format=fmt)
+    if layout in ("weight", "both"):
+        w = w.contiguous(memory_format=fmt)
+    conv = F.conv_transpose2d if transposed else F.conv2d
+    if dims == 3:
+        conv = F.conv_transpose3d if transposed else F.conv3d
+    for device in ("cpu", "tpu"):
+        xd, wd = x.to(device, copy=True).requires_grad_(), w.to(device, copy=True).requires_grad_()
+        out = conv(xd, wd)
+        out.backward(torch.ones_like(out))
+        if device == "cpu":
+            expected = [(t.stride(), t.detach()) for t in (out, xd.grad, wd.grad)]
+            continue
+        for t, (stride, value) in zip((out, xd.grad, wd.grad), expected):
+            assert t.stride() == stride
+            torch.testing.assert_close(t.detach().cpu(), value)
+    assert out.is_contiguous() != channels_last  # the case tests what it names
+
+
 def test_max_pool_ties_pick_the_first_index():
     x = torch.tensor([[[[1.0, 3.0, 3.0, 0.0], [3.0, 2.0, 0.0, 3.0]]]])
     run_both(lambda t: F.max_pool2d(t, 2, return_indices=True), x.requires_grad_(), grad=True)

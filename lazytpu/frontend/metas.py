@@ -212,7 +212,45 @@ def _channels_last_unbatched(t):
     return t.unsqueeze(0).contiguous(memory_format=torch.channels_last_3d).squeeze(0)
 
 
+# Note [Convolution layouts]: the meta kernel of ``convolution`` returns a
+# contiguous output (meta tensors have no device, so it cannot choose a
+# backend); CPU's kernels return channels-last outputs for channels-last
+# inputs or weights, by rules that depend on the backend chosen for the
+# dtype, the sizes and the batch (mkldnn or the slow kernels). torch's fake
+# tensors of device ``cpu`` choose that backend as the CPU kernel does, so the
+# layout is theirs: the meta kernel runs first (its checks and shapes), then
+# the same call on fake CPU tensors gives the strides (PyTorch's
+# test_memory_format of the conv modules).
+_FAKE_CPU = []
+
+
+def _cpu_layout(func):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def run(*args, **kwargs):
+        out = func(*args, **kwargs)
+        if not _FAKE_CPU:
+            _FAKE_CPU.append(FakeTensorMode())
+        mode = _FAKE_CPU[0]
+
+        def fake(v):
+            return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype) if isinstance(v, torch.Tensor) else v
+
+        try:
+            with mode:
+                faked = func(*torch.utils._pytree.tree_map(fake, args), **torch.utils._pytree.tree_map(fake, kwargs))
+        except Exception:  # a call fake tensors cannot run keeps the meta kernel's (contiguous) layout
+            return out
+        return torch.utils._pytree.tree_map(
+            lambda m, f: m.as_strided(m.shape, f.stride()) if isinstance(m, torch.Tensor) else m, out, faked
+        )
+
+    return run
+
+
 FIXES = {
+    aten.convolution.default: _cpu_layout(aten.convolution.default),
+    aten.convolution_backward.default: _cpu_layout(aten.convolution_backward.default),
     **{
         op: _padding_dims(op, k)
         for k in (1, 2, 3)
