@@ -31,6 +31,12 @@ def _mask(device: str) -> torch.Tensor:
     return torch.tensor([True, False, True]).to(device)
 
 
+def _nan_matrix(device: str, value: float = float("nan")) -> torch.Tensor:
+    a = torch.zeros(3, 3)  # zeros elsewhere, as the replay's (an eigh error code depends on every value)
+    a[2, 0] = value  # in the lower triangle, which eigh reads
+    return a.to(device)
+
+
 def _x(device: str) -> torch.Tensor:
     return X.clone().to(device)  # a copy on CPU too: in-place cases must not change X
 
@@ -125,6 +131,24 @@ CASES = {
     ),
     "remainder": (lambda d: torch.tensor([1, 2]).to(d) % torch.tensor([1, 0]).to(d), aten.remainder.Tensor),
     "fmod": (lambda d: torch.fmod(torch.tensor([1, 2]).to(d), torch.tensor([1, 0]).to(d)), aten.fmod.Tensor),
+    # Note [Non-finite matrices]
+    "svd_nan": (lambda d: torch.linalg.svd(_nan_matrix(d)), aten._linalg_svd.default),
+    "matrix_rank_nan": (lambda d: torch.linalg.matrix_rank(_nan_matrix(d)), aten._linalg_svd.default),
+    "svd_batch_nan": (
+        lambda d: torch.linalg.svdvals(torch.stack([torch.eye(3).to(d), _nan_matrix(d)])),
+        aten._linalg_svd.default,
+    ),
+    "pinv_nan": (lambda d: torch.linalg.pinv(_nan_matrix(d).double()), aten.linalg_pinv.atol_rtol_tensor),
+    "pinv_hermitian_inf": (
+        lambda d: torch.linalg.pinv(_nan_matrix(d, float("inf")), hermitian=True),
+        aten.linalg_pinv.atol_rtol_tensor,
+    ),
+    "eigh_nan": (lambda d: torch.linalg.eigh(_nan_matrix(d)), aten._linalg_eigh.default),
+    "eigh_upper_inf": (
+        lambda d: torch.linalg.eigh(_nan_matrix(d, float("inf")).mT, UPLO="U"),
+        aten._linalg_eigh.default,
+    ),
+    "eig_inf": (lambda d: torch.linalg.eig(_nan_matrix(d, float("-inf")).to(torch.complex64)), aten.linalg_eig.default),
 }
 
 # the in-place index writes of CASES -> their target's value before the call, which it keeps
@@ -352,6 +376,29 @@ def test_good_values_pass(fn):
     out = fn("tpu")
     torch.tpu.synchronize()
     assert out.cpu().tolist() == fn("cpu").tolist()
+
+
+def test_eigvals_of_a_non_finite_matrix_raises_eigs_error():
+    """CPU's eigvals of such a matrix crashes the process; eig's error is raised (Note [Non-finite matrices])."""
+    with pytest.raises(RuntimeError, match=r"^torch.linalg.eig: input tensor should not contain infs or NaNs."):
+        torch.linalg.eigvals(_nan_matrix("tpu")).cpu()
+
+
+def test_eigh_reads_one_triangle_for_its_check_too():
+    a = _nan_matrix("cpu")
+    for fn in (lambda m: torch.linalg.eigvalsh(m.mT), lambda m: torch.linalg.eigvalsh(m, UPLO="U")):
+        assert torch.equal(fn(a.to("tpu")).cpu(), fn(a))
+
+
+@pytest.mark.parametrize("compute_uv", [True, False])
+def test_svd_of_an_infinity_raises_the_error_of_a_nan(compute_uv):
+    """CPU returns LAPACK's garbage; XLA:CPU's SVD never returned (Note [Non-finite matrices])."""
+    a = _nan_matrix("tpu", float("-inf")).to(torch.complex64)
+    out = torch.linalg.svd(a)[1] if compute_uv else torch.linalg.svdvals(a)
+    with pytest.raises(torch.linalg.LinAlgError, match="the input matrix contained non-finite values"):
+        out.cpu()
+    solution = torch.linalg.lstsq(a, torch.ones(3, 1, dtype=a.dtype, device="tpu")).solution
+    assert solution.cpu().isnan().all()
 
 
 def test_a_checked_step_runs_one_program_and_waits_for_nothing():

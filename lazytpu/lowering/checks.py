@@ -61,6 +61,17 @@ def _zero(x):
     return x == 0
 
 
+def _in_triangle(bad, triangle):
+    """``bad`` where a matrix kernel reads (``"L"``/``"U"``: one triangle of each matrix, as ``eigh``)."""
+    if triangle == "L":
+        return jnp.tril(bad)
+    return jnp.triu(bad) if triangle == "U" else bad
+
+
+def _not_finite(x, triangle=None):
+    return _in_triangle(~jnp.isfinite(x), triangle)
+
+
 # kind -> predicate(x, *params): a boolean mask of the elements torch refuses
 PREDICATES = {
     "range": _out_of_range,
@@ -72,6 +83,8 @@ PREDICATES = {
     "unit_interval": _outside_unit_interval,
     "non_negative": _negative,
     "nonzero": _zero,
+    "finite": _not_finite,
+    "svd_finite": _not_finite,
 }
 
 
@@ -82,6 +95,8 @@ def value_check(x, *, kind, params):
         return jnp.array([-1, 0], jnp.int64)
     pos = jnp.argmax(bad)
     value = x.reshape(-1)[pos] if bad.shape[0] == x.size else jnp.zeros((), x.dtype)
+    if jnp.iscomplexobj(value):  # a non-finite matrix element: its real part (else its replay puts a NaN there)
+        value = value.real
     if jnp.issubdtype(value.dtype, jnp.floating):  # its bits, to share one int64 output with the position
         bits = lax.bitcast_convert_type(value.astype(jnp.float64), jnp.int64)
     else:

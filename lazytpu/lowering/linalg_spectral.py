@@ -38,12 +38,21 @@ def ormqr(a, tau, c, left=True, transpose=False):
     return lax.linalg.ormqr(a, tau, c, left=left, transpose=transpose)
 
 
+def _svd(a, *, full_matrices=False, compute_uv=True):
+    """``lax.linalg.svd`` of ``a`` with its infinities made NaNs: XLA:CPU's SVD
+    with vectors never returns for a matrix holding an infinity. Such a
+    matrix's SVD fails with CPU's error (Note [Non-finite matrices] in
+    lazytpu.frontend.checks.value_checks); least squares gives NaNs."""
+    a = jnp.where(jnp.isinf(a), jnp.nan, a)
+    return lax.linalg.svd(a, full_matrices=full_matrices, compute_uv=compute_uv)
+
+
 @lowering(aten._linalg_svd.default)
 def linalg_svd(a, full_matrices=False, compute_uv=True, *, driver=None):
     if not compute_uv:
-        s = lax.linalg.svd(a, full_matrices=False, compute_uv=False)
+        s = _svd(a, compute_uv=False)
         return jnp.zeros((0,), a.dtype), s, jnp.zeros((0,), a.dtype)
-    u, s, vh = lax.linalg.svd(a, full_matrices=full_matrices, compute_uv=True)
+    u, s, vh = _svd(a, full_matrices=full_matrices)
     return u, s, vh
 
 
@@ -79,7 +88,7 @@ def linalg_pinv(a, *, atol=None, rtol=None, hermitian=False):
         w, v = lax.linalg.eigh(a, symmetrize_input=False)[::-1]
         s, left, right = jnp.abs(w), v, conj_transpose(v)
     else:
-        left, s, right = lax.linalg.svd(a, full_matrices=False)
+        left, s, right = _svd(a)
         w = s
     smax = jnp.max(s, axis=-1, keepdims=True, initial=0)
     zero = jnp.zeros((), s.dtype)
@@ -125,7 +134,7 @@ def linalg_lstsq(a, b, rcond=None, *, driver=None):
         x = jnp.zeros(batch + (n, b2.shape[-1]), a.dtype)
         rank = jnp.zeros(batch, jnp.int64)
     else:
-        u, s, vh = lax.linalg.svd(a, full_matrices=False)
+        u, s, vh = _svd(a)
         keep = s > rcond * s[..., :1]
         if driver == "gelsy":  # its rank-revealing QR keeps the first column of a nonzero matrix
             keep = keep.at[..., 0].set(s[..., 0] > 0)

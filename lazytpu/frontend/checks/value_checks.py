@@ -31,6 +31,7 @@ nodes.
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable
 
@@ -133,7 +134,7 @@ class ValuePlan:
     def value(self, check: Check, bits: int):
         """The checked element's value from the probe's bits."""
         dtype = self.stand_ins[check.leaf][1]
-        if dtype.is_floating_point:
+        if dtype.is_floating_point or dtype.is_complex:  # a complex element's real part
             return float(np.int64(bits).view(np.float64))
         return bool(bits) if dtype is torch.bool else int(bits)
 
@@ -145,7 +146,7 @@ class ValuePlan:
             bad if i == check.leaf else (_zeros(*s) if type(s) is tuple else s) for i, s in enumerate(self.stand_ins)
         ]
         try:
-            run_on(self.func, self.template, leaves, "cpu", stand_in=_as_it_is)
+            run_on(_REPLAYED_AS.get(self.func, self.func), self.template, leaves, "cpu", stand_in=_as_it_is)
         except Exception as exc:  # noqa: BLE001 - torch's own error is what we want
             return exc
         return RuntimeError(f"{self.func}: value {value} at position {position} is not valid")
@@ -190,8 +191,24 @@ def _bad_offset(shape, dtype, check: Check, position: int, value) -> torch.Tenso
     return bad
 
 
+def _non_finite(shape, dtype, check: Check, position: int, value) -> torch.Tensor:
+    """The element's value where it is a non-finite float, else a NaN (a complex element's imaginary part)."""
+    bad = value if isinstance(value, float) and not math.isfinite(value) else float("nan")
+    return _one_bad(shape, dtype, check, position, bad)
+
+
+def _nan(shape, dtype, check: Check, position: int, value) -> torch.Tensor:
+    return _one_bad(shape, dtype, check, position, float("nan"))
+
+
 # kind -> the checked tensor of a CPU call that fails as the device's values did
-_REPLAYS = {"row_sums": _bad_row, "count_above": _too_many, "offsets": _bad_offset}
+_REPLAYS = {
+    "row_sums": _bad_row,
+    "count_above": _too_many,
+    "offsets": _bad_offset,
+    "finite": _non_finite,
+    "svd_finite": _nan,
+}
 
 
 @attrs.define(slots=True)
@@ -392,6 +409,47 @@ def _bernoulli_tensor(self, p, **kwargs):
 @checks(aten.normal.Tensor_Tensor, aten.normal.float_Tensor)
 def _normal(mean, std, **kwargs):
     return [(std, "non_negative", (), 1)] if isinstance(std, torch.Tensor) else []
+
+
+# Note [Non-finite matrices]: CPU's LAPACK kernels refuse a matrix holding a
+# NaN (``svd`` and what calls it: ``svdvals``, ``pinv``, ``matrix_rank``,
+# ``matrix_norm(ord=2)``, ``cond``) or any non-finite element (``eig``,
+# ``eigvals``; ``eigh`` in the triangle it reads) with a ``LinAlgError``;
+# XLA's decompositions return NaNs instead, and ``matrix_rank`` of such a
+# matrix read 0. The error is CPU's, raised at the next read as every value
+# check's. One departure: CPU's ``svd`` of a matrix with an infinity but no
+# NaN returns what LAPACK computed after printing a parameter error, and
+# XLA:CPU's SVD never returns for it (``lowering.linalg_spectral._svd``); it
+# raises the error of a NaN (``svd_finite``). CPU's ``eigvals`` of a
+# non-finite matrix crashes the process; its replay is ``eig``'s, whose check
+# is the same. The replay's matrix is zeros but for the bad element: an
+# ``eigh`` error code (LAPACK's, which depends on all the values) may differ
+# from CPU's on the real matrix, and ``eigvalsh``'s is ``eigh``'s (torch's
+# ``eigvalsh`` of a tensor subclass computes the vectors too).
+@checks(aten._linalg_svd.default)
+def _svd(a, *args, **kwargs):
+    return [(a, "svd_finite", (), 0)]
+
+
+@checks(aten._linalg_eigh.default)
+def _eigh(a, UPLO="L", compute_v=True):  # noqa: N803 - torch's argument name
+    return [(a, "finite", (UPLO.upper(),), 0)]
+
+
+@checks(aten.linalg_eig.default, aten.linalg_eigvals.default, aten._linalg_eigvals.default)
+def _eig(a):
+    return [(a, "finite", (), 0)]
+
+
+@checks(aten.linalg_pinv.atol_rtol_tensor)
+def _pinv(a, *, atol=None, rtol=None, hermitian=False):
+    return [(a, "finite", ("L",), 0)] if hermitian else [(a, "svd_finite", (), 0)]
+
+
+_REPLAYED_AS = {
+    aten.linalg_eigvals.default: aten.linalg_eig.default,
+    aten._linalg_eigvals.default: aten.linalg_eig.default,
+}
 
 
 @checks(aten.div.Tensor_mode, aten.remainder.Tensor, aten.fmod.Tensor, aten.floor_divide.default)
