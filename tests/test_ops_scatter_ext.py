@@ -233,3 +233,18 @@ def test_bincount_errors_match_cpu():
         with pytest.raises(kind) as tpu_err:
             torch.bincount(to_tpu(bad))
         assert str(tpu_err.value).replace("_tpu", "_cpu") == str(cpu_err.value)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, i, s: x.scatter(0, i, s),
+        lambda x, i, s: x.scatter(0, i, 1.5),
+        lambda x, i, s: x.scatter_add(0, i, s),
+        lambda x, i, s: x.scatter_reduce(0, i, s, "amax"),
+        lambda x, i, s: x.scatter_reduce(0, i, s, "mean", include_self=False),
+    ],
+)
+def test_scatters_of_an_empty_index_of_another_rank_leave_self(fn):
+    """torch checks no shapes for an empty index (PyTorch's test_scatter_gather: test_empty_index)."""
+    run_both(fn, torch.arange(4.0).view(2, 2), torch.tensor((), dtype=torch.long), torch.ones(2, 2))

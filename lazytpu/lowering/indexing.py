@@ -117,6 +117,8 @@ def gather(x, dim, index, *, sparse_grad=False):
 
 
 def _scatter(x, dim, index, src, reduce=None):
+    if index.size == 0:  # torch checks no shapes then: ``self`` as it was, whatever the index's rank
+        return x
     if x.ndim == 0:
         x1 = x.reshape(1)
         return _scatter(
