@@ -248,3 +248,21 @@ def test_bincount_errors_match_cpu():
 def test_scatters_of_an_empty_index_of_another_rank_leave_self(fn):
     """torch checks no shapes for an empty index (PyTorch's test_scatter_gather: test_empty_index)."""
     run_both(fn, torch.arange(4.0).view(2, 2), torch.tensor((), dtype=torch.long), torch.ones(2, 2))
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean"])
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_scatter_reduce_is_cpus_bit_for_bit(reduce, include_self, dtype):
+    """A complex mean divides as ``div`` does (c10::complex's division): PyTorch's test_scatter_reduce_mean
+    compares with no tolerance; without ``self``, complex sums and products raised."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 5, generator=gen, dtype=dtype)
+    index = torch.randint(0, 6, (9, 5), generator=gen)
+    src = torch.randn(9, 5, generator=gen, dtype=dtype)
+    expected = x.scatter_reduce(0, index, src, reduce, include_self=include_self)
+    actual = x.to("tpu").scatter_reduce(0, index.to("tpu"), src.to("tpu"), reduce, include_self=include_self)
+    if reduce == "prod" and dtype == torch.complex64:  # a product's FMA contraction: an ulp
+        torch.testing.assert_close(actual.cpu(), expected)
+    else:
+        assert torch.equal(actual.cpu(), expected)

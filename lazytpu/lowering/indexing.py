@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import torch
 
 from lazytpu import _dtypes
+from lazytpu.lowering import complex_math as cm
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
@@ -171,12 +172,16 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
         count = _scatter(
             jnp.ones_like(x) if include_self else jnp.zeros_like(x), dim, index, jnp.ones(index.shape, x.dtype), "add"
         )
-        mean = total / jnp.maximum(count, 1)
-        out = mean if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.floor_divide(total, jnp.maximum(count, 1))
-        return jnp.where(count > 0, out, x)
+        divisor = jnp.maximum(count, 1) if not jnp.iscomplexobj(count) else jnp.where(count == 0, 1, count)
+        mean = cm.divide(total, divisor) if jnp.iscomplexobj(total) else total / divisor  # as div's
+        out = mean if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.floor_divide(total, divisor)
+        return jnp.where(count != 0, out, x)
     if include_self:
         return _scatter(x, dim, index, src, reduce)
-    identity = {"sum": 0, "prod": 1, "amax": _lowest(x.dtype), "amin": _highest(x.dtype)}[reduce]
+    if reduce in ("sum", "prod"):
+        identity = 0 if reduce == "sum" else 1
+    else:  # amax/amin: never complex (torch refuses them)
+        identity = _lowest(x.dtype) if reduce == "amax" else _highest(x.dtype)
     touched = _scatter(jnp.zeros(x.shape, jnp.bool_), dim, index, jnp.ones(index.shape, jnp.bool_))
     out = _scatter(jnp.full_like(x, identity), dim, index, src, reduce)
     return jnp.where(touched, out, x)
