@@ -266,3 +266,32 @@ def test_complex_scatter_reduce_is_cpus_bit_for_bit(reduce, include_self, dtype)
         torch.testing.assert_close(actual.cpu(), expected)
     else:
         assert torch.equal(actual.cpu(), expected)
+
+
+SEGMENT_DATA = [[1.0, 1.0], [NAN, 1.0], [3.0, NAN], [4.0, 1.0], [4.0, 2.0], [2.0, -3.0]]
+
+
+@pytest.mark.parametrize("reduce", ["max", "min"])
+@pytest.mark.parametrize("initial", [None, 3.5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_segment_max_min_gradients_are_cpus(reduce, initial, dtype):
+    """CPU's backward gives a run's gradient to its elements equal to the result or NaN, and
+    divides the positive ones among ties (PyTorch's test_segment_reductions: test_simple_1d)."""
+
+    def fn(data, lengths, grad):
+        out = torch._segment_reduce(data, reduce, lengths=lengths, axis=0, unsafe=True, initial=initial)
+        return torch.autograd.grad(out, data, grad)[0]
+
+    data = torch.tensor(SEGMENT_DATA, dtype=dtype).requires_grad_()
+    grad = torch.tensor([[2.0, -1.0], [1.0, 1.0], [-2.0, 4.0], [1.0, 1.0]], dtype=dtype)
+    run_both(fn, data, torch.tensor([1, 2, 3, 0], dtype=torch.int), grad)
+
+
+@pytest.mark.parametrize("reduce", ["max", "min", "sum", "prod", "mean"])
+@pytest.mark.parametrize("initial", [None, 0])
+def test_segment_reduce_of_no_elements_is_cpus(reduce, initial):
+    run_both(
+        lambda data, lengths: torch._segment_reduce(data, reduce, lengths=lengths, axis=0, initial=initial),
+        torch.ones(0),
+        torch.tensor([0, 0]),
+    )

@@ -70,18 +70,22 @@ def pdist_backward(grad, x, p, distances):
 # -- segments and hashes -------------------------------------------------------
 
 
+def _runs(data, lengths, offsets, axis: int):
+    """Which elements of ``data`` along ``axis`` each run holds (``lead + (S, N) + (1,) * rest``),
+    and ``data`` with a runs axis (``lead + (1, N) + rest``)."""
+    if offsets is None:
+        zero = jnp.zeros(lengths.shape[:-1] + (1,), lengths.dtype)
+        offsets = jnp.concatenate([zero, jnp.cumsum(lengths, axis=-1)], axis=-1)
+    position = jnp.arange(data.shape[axis])
+    inside = (offsets[..., :-1, None] <= position) & (position < offsets[..., 1:, None])
+    return inside.reshape(inside.shape + (1,) * (data.ndim - axis - 1)), jnp.expand_dims(data, axis)
+
+
 def _segment_reduce(data, reduce: str, lengths, offsets, axis: int, initial):
     """Reduce runs of ``data`` along ``axis`` (one run per length, or between
     consecutive offsets; batched over the dims before ``axis``). ``initial``
     joins every run; an empty run without it is torch's identity (NaN for mean)."""
-    if offsets is None:
-        zero = jnp.zeros(lengths.shape[:-1] + (1,), lengths.dtype)
-        offsets = jnp.concatenate([zero, jnp.cumsum(lengths, axis=-1)], axis=-1)
-    n = data.shape[axis]
-    position = jnp.arange(n)
-    inside = (offsets[..., :-1, None] <= position) & (position < offsets[..., 1:, None])  # lead + (S, N)
-    inside = inside.reshape(inside.shape + (1,) * (data.ndim - axis - 1))
-    x = jnp.expand_dims(data, axis)  # lead + (1, N) + rest
+    inside, x = _runs(data, lengths, offsets, axis)
     count = jnp.sum(inside, axis=axis + 1).astype(data.dtype)
     if reduce in ("sum", "mean"):
         total = jnp.sum(jnp.where(inside, x, 0), axis=axis + 1)
@@ -95,10 +99,22 @@ def _segment_reduce(data, reduce: str, lengths, offsets, axis: int, initial):
         return out if initial is None else out * initial
     big = jnp.inf if jnp.issubdtype(data.dtype, jnp.floating) else jnp.iinfo(data.dtype).max
     if reduce == "max":
-        out = jnp.max(jnp.where(inside, x, -big), axis=axis + 1)
+        out = jnp.max(jnp.where(inside, x, -big), axis=axis + 1, initial=-big)
         return out if initial is None else jnp.maximum(out, initial)
-    out = jnp.min(jnp.where(inside, x, big), axis=axis + 1)
+    out = jnp.min(jnp.where(inside, x, big), axis=axis + 1, initial=big)
     return out if initial is None else jnp.minimum(out, initial)
+
+
+def _segment_extreme_backward(grad, output, data, lengths, offsets, axis: int):
+    """CPU's max/min backward (``_segment_reduce_lengths_offsets_backward_cpu_kernel``):
+    each element of a run equal to its result, or NaN, gets the run's gradient;
+    where two or more do, the positive ones are divided by their count."""
+    inside, x = _runs(data, lengths, offsets, axis)
+    hit = inside & (jnp.isnan(x) | (x == jnp.expand_dims(output, axis + 1)))
+    each = jnp.where(hit, jnp.expand_dims(grad, axis + 1), 0).astype(grad.dtype)
+    count = jnp.sum(hit, axis=axis + 1, keepdims=True)
+    each = jnp.where((count >= 2) & (each > 0), each / count.astype(grad.dtype), each)
+    return jnp.sum(each, axis=axis)  # runs do not overlap: one term per element
 
 
 @lowering(aten.segment_reduce.default)
@@ -108,6 +124,8 @@ def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, ax
 
 @lowering(aten._segment_reduce_backward.default)
 def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
+    if reduce in ("max", "min"):
+        return _segment_extreme_backward(grad, output, data, lengths, offsets, axis % data.ndim)
     _, pullback = jax.vjp(lambda d: _segment_reduce(d, reduce, lengths, offsets, axis % data.ndim, initial), data)
     return pullback(grad)[0]
 
