@@ -131,6 +131,16 @@ CASES = {
     ),
     "remainder": (lambda d: torch.tensor([1, 2]).to(d) % torch.tensor([1, 0]).to(d), aten.remainder.Tensor),
     "fmod": (lambda d: torch.fmod(torch.tensor([1, 2]).to(d), torch.tensor([1, 0]).to(d)), aten.fmod.Tensor),
+    "segment_lengths_sum": (
+        lambda d: torch._segment_reduce(
+            torch.ones(2, 6).to(d), "sum", lengths=torch.tensor([[0, 3, 3], [2, 3, 0]]).to(d), axis=1
+        ),
+        aten.segment_reduce.default,
+    ),
+    "segment_lengths_negative": (
+        lambda d: torch._segment_reduce(torch.ones(3).to(d), "max", lengths=torch.tensor([4, -1]).to(d)),
+        aten.segment_reduce.default,
+    ),
     # Note [Non-finite matrices]
     "svd_nan": (lambda d: torch.linalg.svd(_nan_matrix(d)), aten._linalg_svd.default),
     "matrix_rank_nan": (lambda d: torch.linalg.matrix_rank(_nan_matrix(d)), aten._linalg_svd.default),

@@ -61,6 +61,12 @@ def _zero(x):
     return x == 0
 
 
+def _bad_lengths(x, n):
+    """A negative length, else each length of a row not summing to ``n`` (CPU's order of checks)."""
+    negative = x < 0
+    return jnp.where(jnp.any(negative), negative, jnp.broadcast_to(x.sum(-1, keepdims=True) != n, x.shape))
+
+
 def _in_triangle(bad, triangle):
     """``bad`` where a matrix kernel reads (``"L"``/``"U"``: one triangle of each matrix, as ``eigh``)."""
     if triangle == "L":
@@ -84,6 +90,7 @@ PREDICATES = {
     "non_negative": _negative,
     "nonzero": _zero,
     "finite": _not_finite,
+    "lengths": _bad_lengths,
     "svd_finite": _not_finite,
 }
 

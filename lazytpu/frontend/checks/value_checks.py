@@ -4,7 +4,8 @@ Note [Value checks]: some of CPU torch's checks read data: an index out of
 range (``x[i]``, gather/scatter, index_select/add/copy/fill, take/put,
 embedding), an ``nll_loss``/``cross_entropy`` target out of range, negative
 or non-finite ``multinomial`` probabilities, ``bernoulli`` probabilities
-outside [0, 1], a negative ``normal`` std, an integer division by zero. On
+outside [0, 1], a negative ``normal`` std, ``_segment_reduce`` lengths, an integer
+division by zero, a non-finite matrix of a decomposition (Note [Non-finite matrices]). On
 ``tpu`` the data is not on the host when the op is recorded, and reading it
 there would cut the program and make the host wait for the device at every
 such op. Instead each checked op records, beside itself, a
@@ -197,6 +198,11 @@ def _non_finite(shape, dtype, check: Check, position: int, value) -> torch.Tenso
     return _one_bad(shape, dtype, check, position, bad)
 
 
+def _bad_lengths(shape, dtype, check: Check, position: int, value) -> torch.Tensor:
+    """Zeros (rows that sum to 0, not to the data's size), or the negative length, or a row summing to 1."""
+    return _one_bad(shape, dtype, check, position, value if value < 0 else int(check.params[0] == 0))
+
+
 def _nan(shape, dtype, check: Check, position: int, value) -> torch.Tensor:
     return _one_bad(shape, dtype, check, position, float("nan"))
 
@@ -208,6 +214,7 @@ _REPLAYS = {
     "offsets": _bad_offset,
     "finite": _non_finite,
     "svd_finite": _nan,
+    "lengths": _bad_lengths,
 }
 
 
@@ -409,6 +416,14 @@ def _bernoulli_tensor(self, p, **kwargs):
 @checks(aten.normal.Tensor_Tensor, aten.normal.float_Tensor)
 def _normal(mean, std, **kwargs):
     return [(std, "non_negative", (), 1)] if isinstance(std, torch.Tensor) else []
+
+
+@checks(aten.segment_reduce.default)
+def _segment_lengths(data, reduce, *, lengths=None, axis=0, unsafe=False, **kwargs):
+    """Without ``unsafe``, no negative length and each row of lengths sums to the data's size along ``axis``."""
+    if unsafe or lengths is None or not _integral(lengths):
+        return []
+    return [(lengths, "lengths", (_size(data, axis),), 0)]
 
 
 # Note [Non-finite matrices]: CPU's LAPACK kernels refuse a matrix holding a
