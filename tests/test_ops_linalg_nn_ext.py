@@ -627,3 +627,24 @@ def test_lstsq_checks_its_arguments_as_cpu(name):
         torch.linalg.lstsq(a(), b(), **kwargs)
     with pytest.raises(RuntimeError, match=re.escape(str(cpu.value))):
         torch.linalg.lstsq(a().to("tpu"), b().to("tpu"), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda a: torch.linalg.cholesky_ex(a, check_errors=True),
+        lambda a: torch.linalg.inv_ex(a, check_errors=True),
+        lambda a: torch.linalg.lu_factor_ex(a, check_errors=True),
+        lambda a: torch.linalg.solve_ex(a, a, check_errors=True),
+        lambda a: torch.linalg.cholesky_ex(torch.stack([torch.eye(3, device=a.device), a]), check_errors=True),
+    ],
+)
+def test_ex_ops_with_check_errors_raise_cpus_error(fn):
+    """Note [check_errors] (PyTorch's test_cholesky_ex_non_pd): the error, at the latest at the next read."""
+    a = torch.eye(3, dtype=torch.complex64)
+    a[-1, -1] = 0
+    with pytest.raises(RuntimeError) as expected:
+        fn(a)
+    with pytest.raises(type(expected.value), match=re.escape(str(expected.value))):
+        fn(a.to("tpu"))[-1].cpu()
+    assert fn(a.to("tpu") + torch.eye(3, device="tpu"))[-1].cpu().eq(0).all()

@@ -125,7 +125,14 @@ def _route(func) -> Route:
         chosen = _indexing(chosen)
     if func in _MADE_LIKE:
         chosen = _elsewhere(chosen)
+    if func in handlers.CHECKED_EX:
+        run = chosen.run
+        chosen = Route(chosen.kind, functools.partial(_checked, run), chosen.rule, chosen.functional)
     return chosen
+
+
+def _checked(run, func, args, kwargs):
+    return handlers.check_errors_after(func, run, args, kwargs)
 
 
 # Note [Made elsewhere]: ``torch.zeros_like(t, device="cpu")`` and

@@ -276,6 +276,29 @@ def _copy_into_storage(dst, src):
     return dst
 
 
+# Note [check_errors]: ``linalg.cholesky_ex(A, check_errors=True)`` and the
+# other ``_ex`` ops check LAPACK's ``info`` inside their CPU kernels (with
+# these names in the message); the rules compute ``info`` only. Such a call
+# records the op without the flag and checks its ``info`` as
+# ``linalg.cholesky`` does (``linalg_check_errors`` below).
+CHECKED_EX = {
+    aten.linalg_cholesky_ex.default: "linalg.cholesky_ex",
+    aten.linalg_inv_ex.default: "linalg.inv_ex",
+    aten.linalg_lu_factor_ex.default: "torch.linalg.lu_factor_ex",
+    aten.linalg_ldl_factor_ex.default: "torch.linalg.ldl_factor_ex",
+    aten._linalg_solve_ex.default: "torch.linalg.solve_ex",
+}
+
+
+def check_errors_after(func, run, args, kwargs):
+    """``run`` the ``_ex`` op ``func`` without ``check_errors``, then torch's check of its ``info``."""
+    if not kwargs.get("check_errors"):
+        return run(func, args, kwargs)
+    out = run(func, args, {**kwargs, "check_errors": False})
+    aten._linalg_check_errors.default(out[-1], CHECKED_EX[func], is_matrix=args[0].dim() == 2)
+    return out
+
+
 @handles(aten._linalg_check_errors.default)
 def linalg_check_errors(func, args, kwargs):
     """torch's check of LAPACK's ``info``, on its host value: now when ``info``
