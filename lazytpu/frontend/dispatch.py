@@ -126,13 +126,17 @@ def _route(func) -> Route:
     if func in _MADE_LIKE:
         chosen = _elsewhere(chosen)
     if func in handlers.CHECKED_EX:
-        run = chosen.run
-        chosen = Route(chosen.kind, functools.partial(_checked, run), chosen.rule, chosen.functional)
+        chosen = _checking_errors(chosen)
     return chosen
 
 
-def _checked(run, func, args, kwargs):
-    return handlers.check_errors_after(func, run, args, kwargs)
+def _checking_errors(rest: Route) -> Route:
+    """An ``_ex`` op's route that honours ``check_errors`` (Note [check_errors] in routes.handlers)."""
+
+    def checked(func, args, kwargs):
+        return handlers.check_errors_after(func, rest.run, args, kwargs)
+
+    return Route(rest.kind, checked, rest.rule, rest.functional)
 
 
 # Note [Made elsewhere]: ``torch.zeros_like(t, device="cpu")`` and

@@ -13,6 +13,8 @@ kernel accepts), never instead of one that works.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from lazytpu import _caches, _dtypes
@@ -221,17 +223,17 @@ def _channels_last_unbatched(t):
 # layout is theirs: the meta kernel runs first (its checks and shapes), then
 # the same call on fake CPU tensors gives the strides (PyTorch's
 # test_memory_format of the conv modules).
-_FAKE_CPU = []
+@functools.cache
+def _fake_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode()
 
 
 def _cpu_layout(func):
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     def run(*args, **kwargs):
         out = func(*args, **kwargs)
-        if not _FAKE_CPU:
-            _FAKE_CPU.append(FakeTensorMode())
-        mode = _FAKE_CPU[0]
+        mode = _fake_mode()
 
         def fake(v):
             return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype) if isinstance(v, torch.Tensor) else v
