@@ -131,6 +131,44 @@ def test_convolution_outputs_and_gradients_have_cpus_layout(dims, dtype, transpo
     assert out.is_contiguous() != channels_last  # the case tests what it names
 
 
+class _Scale(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(3, 1, 1))
+
+    def forward(self, x):
+        return x * self.weight + 1
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.nn.Conv2d(3, 3, 1),
+        lambda: torch.nn.BatchNorm2d(3),
+        lambda: torch.nn.BatchNorm3d(3),
+        _Scale,
+    ],
+    ids=["conv2d", "batch_norm2d", "batch_norm3d", "pointwise"],
+)
+def test_an_empty_channels_last_batch_keeps_cpus_layout(make):
+    """A zero batch in channels-last (PyTorch's test_memory_format of the modules): the outputs and input
+    gradients have CPU's strides (Notes [Convolution layouts], [Empty pointwise layouts]); an empty
+    BatchNorm's output is ``input * weight[0] + bias[0]``, where a meta kernel answers contiguous."""
+    torch.manual_seed(0)
+    module = make()
+    dims = 3 if isinstance(module, torch.nn.BatchNorm3d) else 2
+    fmt = torch.channels_last if dims == 2 else torch.channels_last_3d
+    x = torch.randn(0, 3, *[4] * dims).contiguous(memory_format=fmt)
+    strides = []
+    for device in ("cpu", "tpu"):
+        xd = x.to(device, copy=True).requires_grad_()
+        out = module.to(device)(xd)
+        out.backward(torch.ones_like(out))
+        strides.append((out.stride(), xd.grad.stride()))
+    assert strides[1] == strides[0]
+    assert out.stride() == x.stride()  # channels-last (an empty tensor is contiguous in every format)
+
+
 def test_max_pool_ties_pick_the_first_index():
     x = torch.tensor([[[[1.0, 3.0, 3.0, 0.0], [3.0, 2.0, 0.0, 3.0]]]])
     run_both(lambda t: F.max_pool2d(t, 2, return_indices=True), x.requires_grad_(), grad=True)

@@ -13,6 +13,7 @@ kernel accepts), never instead of one that works.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -233,7 +234,9 @@ def _fake_mode():
 def _cpu_layout(func):
     def run(*args, **kwargs):
         out = func(*args, **kwargs)
-        mode = _fake_mode()
+        # an empty batch runs on CPU itself (fake tensors answer contiguous there; CPU computes nothing)
+        empty = any(isinstance(v, torch.Tensor) and v.numel() == 0 for v in torch.utils._pytree.tree_leaves(args))
+        mode = contextlib.nullcontext() if empty else _fake_mode()
 
         def fake(v):
             return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype) if isinstance(v, torch.Tensor) else v
@@ -363,5 +366,31 @@ def infer_meta(func, template, values):
         # CPU accepts the call where meta does not: CPU semantics win, and the
         # op runs where the data is.
         raise MetaUnavailable(f"{type(meta_exc).__name__}: {meta_exc}") from None
+    if torch.Tag.pointwise in func.tags and _any_empty(out):
+        out = _empty_layout(func, template, values, out)
     _META_MEMO[key] = out
     return out
+
+
+# Note [Empty pointwise layouts]: torch's meta kernels of pointwise ops come
+# from torch._refs, whose output layout is contiguous as soon as every operand
+# "is contiguous", which an empty tensor always is; CPU's TensorIterator
+# follows the strides of the operands instead (an empty channels-last batch
+# times a weight stays channels-last: a zero-batch BatchNorm's output). An
+# empty output's layout is CPU's: the call runs on CPU tensors of the same
+# layouts, which costs nothing (no element is computed).
+def _any_empty(out) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.numel() == 0 for t in torch.utils._pytree.tree_leaves(out))
+
+
+def _empty_layout(func, template, values, out):
+    def stand_in(v):
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype)
+
+    try:
+        cpu = run_on(func, template, values, "cpu", stand_in)
+    except Exception:  # noqa: BLE001 - the meta kernel accepted the call: its layout stays
+        return out
+    return torch.utils._pytree.tree_map(
+        lambda m, c: m.as_strided(m.shape, c.stride()) if isinstance(m, torch.Tensor) else m, out, cpu
+    )
