@@ -58,6 +58,19 @@ def test_second_process_loads_instead_of_compiling(tmp_path):
     assert second["loss"] == first["loss"]
 
 
+def test_other_compiler_flags_compile_again(tmp_path):
+    """An executable built under other XLA flags (here another instruction set: no fused multiply-adds)
+    is not loaded (Note [Compiler flags in the key])."""
+    cache = tmp_path / "cache"
+    first, _ = _run(cache)
+    other, _ = _run(cache, {"XLA_FLAGS": "--xla_cpu_max_isa=AVX"})
+    assert other["hits"] == 0 and other["misses"] == other["compiled"] == first["compiled"]
+    again, _ = _run(cache)
+    assert again["misses"] == 0 and again["hits"] == first["compiled"]
+    dumped, _ = _run(cache, {"XLA_FLAGS": f"--xla_dump_to={tmp_path / 'dump'}"})  # excluded, as in jax's key
+    assert dumped["misses"] == 0
+
+
 def test_corrupted_or_foreign_entries_are_ignored(tmp_path):
     cache = tmp_path / "cache"
     first, _ = _run(cache)

@@ -1,8 +1,9 @@
 """The on-disk cache of compiled programs (``LAZYTPU_CACHE_DIR``).
 
 An entry is keyed by the SHA-256 of the program's StableHLO text, the call's
-signature, the JAX version and the device, so the same program in a fresh
-process loads instead of compiling.
+signature, the device, and the compiler's versions and flags (Note [Compiler
+flags in the key]), so the same program in a fresh process loads instead of
+compiling.
 
 Note [Cache integrity]: an entry holds XLA's own serialized executable (the
 bytes of the PJRT client's ``serialize``, compressed as JAX's own persistent
@@ -45,6 +46,8 @@ from pathlib import Path
 
 import attrs
 import jax
+import jaxlib
+from jax._src import cache_key as jax_cache_key
 from jax._src import compilation_cache as jax_cache
 
 from lazytpu import _caches, _config, metrics
@@ -122,9 +125,24 @@ def _directory() -> _Directory | None:
     return found if found.usable else None
 
 
+def _compiler_flags() -> tuple[str, ...]:
+    """The XLA flags a program was compiled under (Note [Compiler flags in the key])."""
+    raw = f"{os.environ.get('XLA_FLAGS', '')} {os.environ.get('LIBTPU_INIT_ARGS', '')}".split()
+    ignored = set(getattr(jax_cache_key, "xla_flags_to_exclude_from_cache_key", ()))
+    return tuple(sorted(f for f in raw if f.split("=")[0] not in ignored))
+
+
+# Note [Compiler flags in the key]: an executable depends on more than its
+# program: on the XLA flags it was compiled under (``XLA_FLAGS``: the CPU's
+# instruction set, fast math; ``LIBTPU_INIT_ARGS``) and on the compiler's
+# version (jaxlib's, and the platform's: libtpu's on TPU). All are in the key,
+# as in jax's own cache key (the same flags excluded: dump options, the host
+# device count), so a process that changes them compiles again instead of
+# loading an executable built for other settings.
 def _entry_key(text: str, device, signature: str) -> str:
     h = hashlib.sha256()
-    parts = (_MAGIC.decode(), _COMPRESSION, jax.__version__, device.platform, device.device_kind, str(device.id))
+    parts = (_MAGIC.decode(), _COMPRESSION, jax.__version__, jaxlib.__version__, device.client.platform_version)
+    parts += (device.platform, device.device_kind, str(device.id), *_compiler_flags())
     for part in (*parts, signature, text):
         h.update(part.encode())
         h.update(b"\0")
