@@ -169,6 +169,49 @@ def test_an_empty_channels_last_batch_keeps_cpus_layout(make):
     assert out.stride() == x.stride()  # channels-last (an empty tensor is contiguous in every format)
 
 
+@pytest.mark.parametrize("factory", ["empty_like", "rand_like", "randn_like", "zeros_like", "full_like"])
+def test_like_factories_of_an_empty_channels_last_tensor_keep_its_layout(factory):
+    """``torch.rand_like(out)`` of a zero-batch channels-last output (a module test's gradient) is
+    channels-last, as on CPU (Note [Empty pointwise layouts])."""
+    x = torch.empty(0, 5, 2, 2, 2).contiguous(memory_format=torch.channels_last_3d)
+    args = (2.0,) if factory == "full_like" else ()
+    expected = getattr(torch, factory)(x, *args).stride()
+    assert getattr(torch, factory)(x.to("tpu"), *args).stride() == expected == x.stride()
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+@pytest.mark.parametrize(
+    "shape, pad",
+    [((3, 4, 5, 6), (1, 2, 1, 2)), ((3, 4, 5, 6, 7), (1, 2, 1, 2, 1, 1)), ((4, 5, 6, 7), (1, 1, 1, 1, 1, 1))],
+    ids=["2d", "3d", "3d_unbatched"],
+)
+def test_padding_a_channels_last_input_keeps_cpus_layout(mode, shape, pad):
+    """Reflection and replication padding of a channels-last input give channels-last outputs and
+    input gradients, as CPU's kernels do (Note [Suggested layouts]); an unbatched 3-d padding of a
+    4-D input with channels-last strides too. Constant padding already did."""
+    fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+    x = torch.randn(shape, dtype=torch.float64).contiguous(memory_format=fmt)
+    results = []
+    for device in ("cpu", "tpu"):
+        xd = x.to(device, copy=True).requires_grad_()
+        out = F.pad(xd, pad, mode=mode)
+        out.backward(torch.arange(out.numel(), dtype=out.dtype).view(out.shape).to(device))
+        results.append((out.stride(), xd.grad.stride(), out.detach().cpu(), xd.grad.cpu()))
+    (*cpu_strides, cpu_out, cpu_grad), (*tpu_strides, tpu_out, tpu_grad) = results
+    assert tpu_strides == cpu_strides
+    assert not tpu_out.is_contiguous()
+    torch.testing.assert_close(tpu_out, cpu_out, rtol=0, atol=0)
+    torch.testing.assert_close(tpu_grad, cpu_grad)
+
+
+def test_group_norm_of_a_channels_last_batch_of_one_has_cpus_strides():
+    """The output is allocated in the input's suggested format (Note [Suggested layouts]): the strides
+    of a size-1 batch are CPU's too, not only the format."""
+    x = torch.randn(1, 6, 2, 3).contiguous(memory_format=torch.channels_last)
+    expected = F.group_norm(x, 3).stride()
+    assert F.group_norm(x.to("tpu"), 3).stride() == expected == (36, 1, 18, 6)
+
+
 def test_max_pool_ties_pick_the_first_index():
     x = torch.tensor([[[[1.0, 3.0, 3.0, 0.0], [3.0, 2.0, 0.0, 3.0]]]])
     run_both(lambda t: F.max_pool2d(t, 2, return_indices=True), x.requires_grad_(), grad=True)

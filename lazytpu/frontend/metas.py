@@ -253,14 +253,43 @@ def _cpu_layout(func):
     return run
 
 
+# Note [Suggested layouts]: CPU's padding and group-norm kernels allocate
+# their output (the input gradient, for the paddings' backwards) in the memory
+# format that the input suggests (``suggest_memory_format``: channels-last for
+# a 4-D or 5-D input whose strides are like channels-last, whatever the op's
+# rank); the meta kernels allocate contiguous ones (PyTorch's
+# test_memory_format of the padding modules). GroupNorm's input gradient stays
+# contiguous, as on CUDA: torch's derivative formula makes the saved input
+# contiguous on every device but CPU before its backward runs.
+def _suggested_layout(func, source: int = 0):
+    def run(*args, **kwargs):
+        out = func(*args, **kwargs)
+        fmt = torch._prims_common.suggest_memory_format(args[source])
+        if fmt is torch.contiguous_format:
+            return out
+        first = out[0] if isinstance(out, tuple) else out
+        strides = torch.empty(first.shape, device="meta", memory_format=fmt).stride()
+        first = first.as_strided(first.shape, strides)
+        return (first, *out[1:]) if isinstance(out, tuple) else first
+
+    return run
+
+
+_PADDINGS = [f"{kind}_pad{k}d" for kind in ("reflection", "replication") for k in (1, 2, 3)]
+
 FIXES = {
     aten.convolution.default: _cpu_layout(aten.convolution.default),
     aten.convolution_backward.default: _cpu_layout(aten.convolution_backward.default),
     **{
-        op: _padding_dims(op, k)
+        op: _suggested_layout(_padding_dims(op, k))
         for k in (1, 2, 3)
         for op in (getattr(aten, f"reflection_pad{k}d").default, getattr(aten, f"replication_pad{k}d").default)
     },
+    **{
+        getattr(aten, f"{name}_backward").default: _suggested_layout(getattr(aten, f"{name}_backward").default, 1)
+        for name in _PADDINGS
+    },
+    aten.native_group_norm.default: _suggested_layout(aten.native_group_norm.default),
     aten.max_pool3d_with_indices.default: _max_pool3d,
     aten._embedding_bag.default: _embedding_bag_dims(aten._embedding_bag.default),
     aten._embedding_bag_forward_only.default: _embedding_bag_dims(aten._embedding_bag_forward_only.default),
@@ -366,19 +395,20 @@ def infer_meta(func, template, values):
         # CPU accepts the call where meta does not: CPU semantics win, and the
         # op runs where the data is.
         raise MetaUnavailable(f"{type(meta_exc).__name__}: {meta_exc}") from None
-    if torch.Tag.pointwise in func.tags and _any_empty(out):
+    if (torch.Tag.pointwise in func.tags or func._opname.endswith("_like")) and _any_empty(out):
         out = _empty_layout(func, template, values, out)
     _META_MEMO[key] = out
     return out
 
 
-# Note [Empty pointwise layouts]: torch's meta kernels of pointwise ops come
-# from torch._refs, whose output layout is contiguous as soon as every operand
-# "is contiguous", which an empty tensor always is; CPU's TensorIterator
-# follows the strides of the operands instead (an empty channels-last batch
-# times a weight stays channels-last: a zero-batch BatchNorm's output). An
-# empty output's layout is CPU's: the call runs on CPU tensors of the same
-# layouts, which costs nothing (no element is computed).
+# Note [Empty pointwise layouts]: torch's meta kernels of pointwise ops and
+# of the ``*_like`` factories come from torch._refs, whose output layout is
+# contiguous as soon as every operand "is contiguous", which an empty tensor
+# always is; CPU's kernels follow the strides of the operands instead (an
+# empty channels-last batch times a weight stays channels-last: a zero-batch
+# BatchNorm's output; ``rand_like`` of it too). An empty output's layout is
+# CPU's: the call runs on CPU tensors of the same layouts, which costs
+# nothing (no element is computed).
 def _any_empty(out) -> bool:
     return any(isinstance(t, torch.Tensor) and t.numel() == 0 for t in torch.utils._pytree.tree_leaves(out))
 
