@@ -246,11 +246,16 @@ def _cpu_layout(func):
                 faked = func(*torch.utils._pytree.tree_map(fake, args), **torch.utils._pytree.tree_map(fake, kwargs))
         except Exception:  # a call fake tensors cannot run keeps the meta kernel's (contiguous) layout
             return out
-        return torch.utils._pytree.tree_map(
-            lambda m, f: m.as_strided(m.shape, f.stride()) if isinstance(m, torch.Tensor) else m, out, faked
-        )
+        return _restrided(out, faked)
 
     return run
+
+
+def _restrided(out, like):
+    """The meta outputs ``out`` with the strides of ``like``'s (the same call run elsewhere)."""
+    return torch.utils._pytree.tree_map(
+        lambda m, c: m.as_strided(m.shape, c.stride()) if isinstance(m, torch.Tensor) else m, out, like
+    )
 
 
 # Note [Suggested layouts]: CPU's padding and group-norm kernels allocate
@@ -421,6 +426,4 @@ def _empty_layout(func, template, values, out):
         cpu = run_on(func, template, values, "cpu", stand_in)
     except Exception:  # noqa: BLE001 - the meta kernel accepted the call: its layout stays
         return out
-    return torch.utils._pytree.tree_map(
-        lambda m, c: m.as_strided(m.shape, c.stride()) if isinstance(m, torch.Tensor) else m, out, cpu
-    )
+    return _restrided(out, cpu)
