@@ -18,7 +18,7 @@ import attrs
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import MODES, mode, run_both
+from conftest import MODES, mode, no_fallback, run_both
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -416,3 +416,16 @@ def test_no_cpu_fallbacks():
         lazytpu.metrics.reset()
         _training_step()
         assert dict(lazytpu.metrics.snapshot()["cpu_fallbacks"]) == {}
+
+
+def test_anomaly_mode_checks_gradients_on_the_device():
+    """detect_anomaly's NaN check (``_is_any_true`` of ``isnan``) runs in the program, not on CPU."""
+    torch.manual_seed(0)
+    x = torch.rand(5) + 0.5
+    with no_fallback(), torch.autograd.detect_anomaly(check_nan=True):
+        t = x.to("tpu").requires_grad_()
+        (t.sqrt() * t).sum().backward()
+        c = x.clone().requires_grad_()
+        (c.sqrt() * c).sum().backward()
+        torch.testing.assert_close(t.grad.cpu(), c.grad)
+        assert torch._is_all_true(t > 0).item() and not torch._is_any_true(t > 9).item()

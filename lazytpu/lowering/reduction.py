@@ -181,12 +181,12 @@ def std_mean(x, dim=None, *, correction=None, keepdim=False):
 # -- logic ---------------------------------------------------------------------
 
 
-@lowering(aten.any.default, aten.any.dim, aten.any.dims)
+@lowering(aten.any.default, aten.any.dim, aten.any.dims, aten._is_any_true.default)
 def any_(x, dim=None, keepdim=False):
     return jnp.any(x != 0, axis=axes(x, dim, empty_is_all=False), keepdims=keepdim)
 
 
-@lowering(aten.all.default, aten.all.dim, aten.all.dims)
+@lowering(aten.all.default, aten.all.dim, aten.all.dims, aten._is_all_true.default)
 def all_(x, dim=None, keepdim=False):
     return jnp.all(x != 0, axis=axes(x, dim, empty_is_all=False), keepdims=keepdim)
 
