@@ -52,6 +52,13 @@ def _like_input(grad_output, x, *args, **kwargs):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
+def _like_first(x, *args, **kwargs):
+    """An output of the first argument's dtype and the arguments' broadcast
+    shape, contiguous (the kernels under ``torch.distributions``)."""
+    shape = torch.broadcast_shapes(*(a.shape for a in (x, *args) if isinstance(a, torch.Tensor)))
+    return torch.empty(shape, dtype=x.dtype, device=x.device)
+
+
 def _geqrf(a):
     """The Householder form (LAPACK's, column-major like torch's) and ``tau``."""
     m, n = a.shape[-2:]
@@ -338,6 +345,10 @@ SHAPES = {
     aten.linalg_lstsq.default: _lstsq,
     aten._ctc_loss_backward.default: _like_input,
     aten.geqrf.default: _geqrf,
+    aten._sample_dirichlet.default: _like_first,
+    aten.binomial.default: _like_first,
+    aten._standard_gamma_grad.default: _like_first,
+    aten._dirichlet_grad.default: _like_first,
     aten._thnn_fused_lstm_cell.default: _lstm_cell,
     aten._thnn_fused_gru_cell.default: _gru_cell,
     aten._thnn_fused_gru_cell_backward.default: _gru_cell_backward,

@@ -6,6 +6,7 @@ from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
     barrier,
     checks,
     conv,
+    distributions,
     elementwise,
     factories,
     fft,

@@ -27,7 +27,7 @@ aten = torch.ops.aten
 _INT64_MAX = 2**63 - 1
 
 
-def _float_dtype(dtype):
+def sampling_dtype(dtype):
     """Sample in float32 at least: half-precision sampling is coarse."""
     dtype = jnp.dtype(dtype)
     return dtype if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize >= 4 else jnp.dtype(jnp.float32)
@@ -38,11 +38,11 @@ def _like_dtype(x, dtype):
 
 
 def _normal(key, shape, dtype):
-    return jax.random.normal(key, shape, _float_dtype(dtype))
+    return jax.random.normal(key, shape, sampling_dtype(dtype))
 
 
 def _uniform(key, shape, dtype):
-    return jax.random.uniform(key, shape, _float_dtype(dtype))
+    return jax.random.uniform(key, shape, sampling_dtype(dtype))
 
 
 def _integers(key, shape, low: int, high: int):
@@ -102,12 +102,12 @@ def rand_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memor
 
 @lowering(aten.exponential.default, random=True)
 def exponential(x, lambd=1.0, *, generator=None, key):
-    return jax.random.exponential(key, x.shape, _float_dtype(x.dtype)) / lambd
+    return jax.random.exponential(key, x.shape, sampling_dtype(x.dtype)) / lambd
 
 
 @lowering(aten.cauchy.default, random=True)
 def cauchy(x, median=0.0, sigma=1.0, *, generator=None, key):
-    return median + sigma * jax.random.cauchy(key, x.shape, _float_dtype(x.dtype))
+    return median + sigma * jax.random.cauchy(key, x.shape, sampling_dtype(x.dtype))
 
 
 @lowering(aten.geometric.default, random=True)
@@ -166,7 +166,7 @@ def bernoulli(x, p=None, *, generator=None, key):
 
 @lowering(aten.multinomial.default, random=True)
 def multinomial(probs, num_samples, replacement=False, *, generator=None, key):
-    logits = jnp.log(probs.astype(_float_dtype(probs.dtype)))
+    logits = jnp.log(probs.astype(sampling_dtype(probs.dtype)))
     if replacement:
         shape = (num_samples,) + probs.shape[:-1]
         return jnp.moveaxis(jax.random.categorical(key, logits, shape=shape), 0, -1)

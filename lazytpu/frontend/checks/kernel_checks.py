@@ -18,7 +18,7 @@ _KERNEL_ERRORS = re.compile(
     r"|only support floating point|Expected a floating point|handle types other than|only supports floating-point"
     r"|does not support bool|Boolean inputs not supported|may not be a boolean tensor"
     r"|with a bool tensor is not supported|Expected both inputs to be Half, Float or Double"
-    r"|can't be cast to the desired output type"
+    r"|can't be cast to the desired output type|Found dtype \w+ but expected \w+"
     r"|Integer division with addcdiv|doesn't support tensors of type|(from|to - 1) is out of bounds for"
     r"|sorter must be a tensor of long dtype"  # searchsorted's sorter
     r"|Expected object of scalar type"  # complex, polar: both parts of one dtype
@@ -93,6 +93,12 @@ _KERNEL_CHECKED = frozenset(
         "rrelu_with_noise_functional",
         "randint_like",
         "normal",
+        "poisson",
+        "binomial",
+        "_standard_gamma",
+        "_sample_dirichlet",
+        "_standard_gamma_grad",
+        "_dirichlet_grad",
         "bitwise_and",
         "bitwise_or",
         "bitwise_xor",

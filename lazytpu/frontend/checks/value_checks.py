@@ -4,7 +4,7 @@ Note [Value checks]: some of CPU torch's checks read data: an index out of
 range (``x[i]``, gather/scatter, index_select/add/copy/fill, take/put,
 embedding), an ``nll_loss``/``cross_entropy`` target out of range, negative
 or non-finite ``multinomial`` probabilities, ``bernoulli`` probabilities
-outside [0, 1], a negative ``normal`` std, ``_segment_reduce`` lengths, an integer
+outside [0, 1], a negative ``normal`` std or ``poisson`` rate, ``_segment_reduce`` lengths, an integer
 division by zero, a non-finite matrix of a decomposition (Note [Non-finite matrices]). On
 ``tpu`` the data is not on the host when the op is recorded, and reading it
 there would cut the program and make the host wait for the device at every
@@ -416,6 +416,11 @@ def _bernoulli_tensor(self, p, **kwargs):
 @checks(aten.normal.Tensor_Tensor, aten.normal.float_Tensor)
 def _normal(mean, std, **kwargs):
     return [(std, "non_negative", (), 1)] if isinstance(std, torch.Tensor) else []
+
+
+@checks(aten.poisson.default)
+def _poisson(self, **kwargs):
+    return [(self, "non_negative", (), 1)]
 
 
 @checks(aten.segment_reduce.default)
