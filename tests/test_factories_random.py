@@ -155,6 +155,26 @@ def test_linspace_on_device(eager_mode):
     compare_factory(lambda d: torch.linspace(0, 1, 5, device=d), eager_mode)
 
 
+@pytest.mark.parametrize(
+    "args, dtype",
+    [((8,), None), ((8, False), None), ((9, True, 5.0), None), ((1,), None), ((0,), None), ((7,), torch.float64)]
+    + [((6, True, 3.0), torch.float16), ((6,), torch.bfloat16)],
+    ids=str,
+)
+def test_kaiser_window_matches_cpu(args, dtype, eager_mode):
+    """torch's kernel for every backend calls a CPU/CUDA-only stub (an internal assert on tpu before)."""
+    compare_factory(lambda d: torch.kaiser_window(*args, dtype=dtype, device=d), eager_mode)
+
+
+@pytest.mark.parametrize("args, dtype", [((-1,), None), ((4,), torch.int64)], ids=str)
+def test_kaiser_window_errors_are_cpus(args, dtype):
+    with pytest.raises(RuntimeError) as cpu:
+        torch.kaiser_window(*args, dtype=dtype)
+    with pytest.raises(RuntimeError) as tpu:
+        torch.kaiser_window(*args, dtype=dtype, device="tpu")
+    assert str(tpu.value) == str(cpu.value)
+
+
 # -- random ----------------------------------------------------------------------
 
 N = 20_000

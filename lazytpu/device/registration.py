@@ -135,6 +135,12 @@ def _after_optimizer_step(optimizer, args, kwargs) -> None:
         context(index).end_step()  # Note [Step boundary] in engine
 
 
+def _factory(op):
+    """A factory whose kernel for every backend calls a CPU/CUDA-only stub
+    (``kaiser_window``): resolved like any other op instead."""
+    return lambda *args, **kwargs: dispatch(op, args, kwargs)
+
+
 def _copy_from(src, dst, non_blocking=False):
     """Cross-device copy, reached with the Python key excluded (e.g. inside
     ``torch.tensor(data, device="tpu")``)."""
@@ -188,6 +194,9 @@ def register() -> None:
     lib.impl("arange", lambda end, **kw: _arange(0, end, **kw), "PrivateUse1")
     lib.impl("arange.start", lambda start, end, **kw: _arange(start, end, **kw), "PrivateUse1")
     lib.impl("arange.start_step", _arange, "PrivateUse1")
+    for overload in ("default", "periodic", "beta"):
+        name = "kaiser_window" if overload == "default" else f"kaiser_window.{overload}"
+        lib.impl(name, _factory(getattr(aten.kaiser_window, overload)), "PrivateUse1")
     lib.impl("_copy_from", _copy_from, "PrivateUse1")
     lib.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
     lib.impl("_local_scalar_dense", _local_scalar_dense, "PrivateUse1")

@@ -1,4 +1,4 @@
-"""Factories and conversions: empty, full, fill, arange, linspace, eye, _to_copy.
+"""Factories and conversions: empty, full, fill, arange, linspace, eye, kaiser_window, _to_copy.
 
 ``torch.zeros(..., device="tpu")`` and most other factories reach the
 dispatcher as ``empty`` followed by an in-place fill (``zero_``, ``fill_``)
@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
+import jax.scipy.special as jss
 import torch
 
 from lazytpu import _dtypes
@@ -199,6 +200,21 @@ def logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=No
 
 
 # -- conversions ---------------------------------------------------------------
+
+
+@lowering(aten.kaiser_window.default, aten.kaiser_window.periodic, aten.kaiser_window.beta)
+def kaiser_window(window_length, periodic=True, beta=12.0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """CPU's kernel: ``i0(beta * sqrt(|1 - ((n - alpha) / alpha) ** 2|)) / i0(beta)``
+    over a window one longer when periodic, in float32 at least."""
+    target = jax_dtype(dtype)
+    if window_length <= 1:
+        return jnp.ones(window_length, target)
+    n = window_length + 1 if periodic else window_length
+    work = jnp.promote_types(target, jnp.float32)
+    alpha = (n - 1) / 2.0
+    ratio = (jnp.arange(n, dtype=target).astype(work) - alpha) / alpha
+    window = jss.i0(beta * jnp.sqrt(jnp.abs(1 - ratio * ratio))) / jss.i0(jnp.asarray(beta, work))
+    return window[:window_length]
 
 
 @lowering(aten._to_copy)
