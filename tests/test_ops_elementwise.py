@@ -471,3 +471,11 @@ def test_complex_powers_of_zero_and_exact_squares(dtype):
     exponents = torch.tensor([0.5 + 0.2j, 0, -1, 1j, -0.5 - 1j], dtype=dtype)
     torch.testing.assert_close((zeros.to("tpu") ** exponents.to("tpu")).cpu(), zeros**exponents, equal_nan=True)
     assert (base.to("tpu") ** 2.0).cpu()[1] == 2j
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64, torch.float16, torch.bfloat16))
+def test_sign_of_negative_zero_and_nan_is_positive_zero(dtype):
+    """CPU's ``(0 < x) - (x < 0)``: ``sign(-0.0)`` and ``sign(nan)`` are +0.0 (tpu gave -0.0 for -0.0)."""
+    x = torch.tensor([0.0, -0.0, float("nan"), -3.0, 2.0, float("-inf")], dtype=dtype)
+    actual = torch.sign(x.to("tpu")).cpu()
+    assert torch.equal(actual, torch.sign(x)) and not torch.signbit(actual[:3]).any()

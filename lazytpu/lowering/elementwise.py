@@ -272,7 +272,7 @@ def _unary(fn, kind):
 def _sign(x):
     if _is_int(x):
         return x if x.dtype == jnp.bool_ else jnp.sign(x)
-    return jnp.where(jnp.isnan(x), 0, jnp.sign(x))  # torch: sign(nan) == 0
+    return jnp.where(jnp.isnan(x) | (x == 0), 0, jnp.sign(x))  # torch: sign(nan) == sign(-0.0) == +0.0
 
 
 def _abs(x):
