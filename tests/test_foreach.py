@@ -234,6 +234,20 @@ def test_foreach_scalar_list_of_another_length_raises_as_on_cpu(scalars):
             op(tensors, scalars)
 
 
+@pytest.mark.parametrize("scalars", [torch.tensor(10.0), torch.tensor([1.0, 2.0, 3.0]), torch.ones(1, 2)], ids=str)
+def test_foreach_packed_scalars_of_another_shape_raise_as_on_cpu(scalars):
+    """addcmul/addcdiv's ``scalars`` tensor: one dimension, one scalar per element (tpu broadcast a 0-d one)."""
+    for op in (torch._foreach_addcmul, torch._foreach_addcdiv, torch._foreach_addcmul_, torch._foreach_addcdiv_):
+        errors = []
+        for device in ("cpu", "tpu"):
+            tensors = [torch.ones(2, device=device), torch.ones(1, device=device)]
+            with pytest.raises(RuntimeError) as error:
+                op(tensors, tensors, tensors, scalars)
+            errors.append(str(error.value))
+            assert torch.equal(tensors[0].cpu(), torch.ones(2))
+        assert errors[0] == errors[1]
+
+
 def test_adam_amsgrad_foreach_matches_cpu():
     def run(d):
         torch.manual_seed(0)

@@ -141,3 +141,18 @@ def test_sdpa_mismatched_dtypes_raise_like_cpu():
         F.scaled_dot_product_attention(q.detach(), k.detach().double(), v.detach())
     with pytest.raises(RuntimeError, match="Expected query, key, and value to have the same dtype"):
         F.scaled_dot_product_attention(q.detach().to("tpu"), k.detach().double().to("tpu"), v.detach().to("tpu"))
+
+
+def test_sdpa_backward_of_an_undefined_output_gradient_is_zero():
+    """gradcheck's ``check_undefined_grad`` (PyTorch's test_modules: the Transformer layers) passes
+    no output gradient to the attention backward; it lowered ``None.astype`` before."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 3, 2, dtype=torch.float64).to("tpu").requires_grad_() for _ in range(3))
+    mask = torch.randn(3, 3, dtype=torch.float64).to("tpu").requires_grad_()
+    for attn_mask in (None, mask):
+        assert torch.autograd.gradcheck(
+            lambda a, b, c, m=attn_mask: F.scaled_dot_product_attention(a, b, c, attn_mask=m),
+            (q, k, v),
+            check_undefined_grad=True,
+            nondet_tol=1e-15,  # docs/limitations.md, "Rounding inside a fused program"
+        )

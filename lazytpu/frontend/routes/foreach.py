@@ -5,6 +5,8 @@ shape differs from the result's, lists spanning devices)."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from lazytpu import _caches
@@ -105,10 +107,35 @@ def _element_calls(func, element, args, kwargs) -> list[tuple[tuple, dict]]:
     ]
 
 
+@functools.cache
+def _packed_scalars_at(func) -> int | None:
+    """The position of ``scalars`` where it is one tensor (the ``.Tensor``
+    overloads of ``_foreach_addcmul``/``_foreach_addcdiv``), else None."""
+    for i, a in enumerate(func._schema.arguments):
+        if a.name == "scalars" and str(a.type) == "Tensor":
+            return i
+    return None
+
+
+def _check_packed_scalars(func, args, kwargs) -> None:
+    """torch's checks of a packed ``scalars`` tensor: one dimension, one scalar per list element."""
+    at = _packed_scalars_at(func)
+    if at is None:
+        return
+    scalars = args[at] if at < len(args) else kwargs["scalars"]
+    if scalars.dim() != 1:
+        raise RuntimeError(f"Expected packed scalar Tensor to be of dimension 1. Got {scalars.dim()} instead.")
+    if scalars.numel() != len(args[0]):
+        raise RuntimeError(
+            f"Expected length of scalars to match input of length {len(args[0])} but got {scalars.numel()} instead."
+        )
+
+
 def run_foreach(func, args, kwargs):
     """``_foreach_op(lists...)``: one node when possible, else one element op
     call per list element. Returns the list of results (None for in-place ops),
     or NotImplemented when ``func`` applies no known element op."""
+    _check_packed_scalars(func, args, kwargs)
     element = element_op(func)
     inplace = is_inplace(func)
     if element is None and inplace and functional_of(func) is not None:
