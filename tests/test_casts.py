@@ -143,3 +143,17 @@ _NEAR = st.floats(min_value=-(2.0**33), max_value=2.0**33) | st.integers(-(2**64
 def test_random_floats_cast_as_cpu_torch(values, source, target):
     x = torch.tensor(values, dtype=torch.float64).to(source)
     assert torch.equal(x.to("tpu").to(target).cpu(), x.to(target))
+
+
+@pytest.mark.parametrize("mode_name", MODES)
+@pytest.mark.parametrize("source", FLOATS + (torch.complex64, torch.complex128), ids=str)
+def test_subnormals_cast_to_bool_as_nonzero(source, mode_name):
+    """XLA:CPU and TPUs treat subnormal inputs as zero; ``bool`` of one is still True, as on CPU."""
+    tiny = [5e-324, -5e-324, 1e-310, 1e-40, -1e-45, 6e-8, -6e-8, 0.0, -0.0, math.nan]
+    x = torch.tensor(tiny, dtype=torch.float64).to(source)
+    if source.is_complex:
+        x = torch.complex(torch.zeros_like(x.real), x.real)  # only the imaginary part is nonzero
+    with mode(mode_name):
+        got = x.to("tpu").bool().cpu()
+    assert torch.equal(got, x.bool())
+    assert got.any(), "no subnormal survived the source dtype: the test lost its point"

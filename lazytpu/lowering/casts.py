@@ -16,7 +16,10 @@ tensors of 1, 15 and 4096 elements (scalar and vectorized loops agree):
   then keeps the low byte: -1 -> 255, 300 -> 44, float64 2**32 + 5 -> 5;
 - float16 and bfloat16 behave as their (exact) float32 values;
 - complex: the real part, as above (the imaginary part is discarded);
-- bool: ``x != 0``, so NaN is True (XLA's convert already agrees).
+- bool: ``x != 0``, so NaN is True; a subnormal is True as well, which
+  XLA's convert (and ``x != 0``) miss where the platform treats subnormal
+  inputs as zero (XLA:CPU, TPUs), so the rule tests the bits: any bit set
+  besides the sign.
 
 The rule is written in XLA ops, so every platform (tpu, gpu, cpu) gives
 x86_64 CPU torch's values (not measured on an aarch64 build of torch,
@@ -28,6 +31,7 @@ of 4096, 0 in a tensor of 1).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -46,9 +50,23 @@ _E4M3FN = np.dtype(jnp.float8_e4m3fn)
 _E4M3FN_MAX = 448.0
 
 
+def _nonzero_bits(x):
+    """``x != 0`` for a real float array, exact for subnormals (Note [Float to integer casts])."""
+    bits = jax.lax.bitcast_convert_type(x, _UNSIGNED[x.dtype.itemsize])
+    magnitude = np.array((1 << (x.dtype.itemsize * 8 - 1)) - 1, bits.dtype)
+    return (bits & magnitude) != 0
+
+
+_UNSIGNED = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
+
+
 def convert(x, dtype):
     """``x`` (a JAX array) as ``dtype``, with CPU torch's values (Note [Float to integer casts])."""
     target = np.dtype(dtype)
+    if target == np.bool_ and jnp.issubdtype(x.dtype, jnp.inexact):
+        if jnp.issubdtype(x.dtype, jnp.complexfloating):
+            return _nonzero_bits(jnp.real(x)) | _nonzero_bits(jnp.imag(x))
+        return _nonzero_bits(x)
     if target == _E4M3FN and x.dtype != target:  # CPU torch saturates (inf -> 448); XLA gives NaN past 464
         if jnp.issubdtype(x.dtype, jnp.complexfloating):
             x = jnp.real(x)
