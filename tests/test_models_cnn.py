@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import run_both
+from conftest import no_fallback, run_both
 
 import lazytpu
 
@@ -54,6 +54,19 @@ def test_convolution_forward_backward(name):
     gen = torch.Generator().manual_seed(0)
     inputs = [torch.randn(s, generator=gen).requires_grad_() for s in shapes]
     run_both(fn, *inputs, grad=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("pad", [0, 2, -1])
+def test_conv_tbc_forward_backward_without_fallback(pad, dtype):
+    """Time-major convolution, summed per kernel tap as CPU sums it: bfloat16 and float64 bit-equal."""
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(s, generator=gen, dtype=dtype).requires_grad_() for s in ((7, 3, 4), (3, 4, 5), (5,)))
+    with no_fallback():
+        got = run_both(lambda *a: torch.conv_tbc(*a, pad), x, w, b, grad=True)
+    assert got.shape == (7 - 3 + 1 + 2 * pad, 3, 5)
+    if dtype != torch.float32:
+        assert torch.equal(got.cpu(), torch.conv_tbc(x, w, b, pad))
 
 
 POOLS = {

@@ -174,3 +174,23 @@ def convolution_backward(grad_output, x, w, *rest):
     grad_x, grad_w = vjp(grad_output)
     grad_b = jnp.sum(upcast(grad_output), axis=(0,) + tuple(range(2, grad_output.ndim)))
     return tuple(g for g, wanted in zip((grad_x, grad_w, grad_b), output_mask) if wanted)
+
+
+@lowering(aten.conv_tbc.default)
+def conv_tbc(x, w, bias, pad=0):
+    """A 1-d convolution over time-major ``(T, B, C_in)`` input with a ``(K, C_in, C_out)``
+    weight, summed as CPU's kernel sums it: the bias, then one ``addmm`` per kernel tap
+    into the output rows it reaches, rounded to the dtype after each (its backward is
+    composite: conv_tbc again, with the weight's taps reversed)."""
+    ilen, batch, _ = x.shape
+    kw, _, c_out = w.shape
+    olen = ilen - kw + 1 + 2 * pad
+    out = jnp.broadcast_to(bias.astype(x.dtype), (max(olen, 0), batch, c_out))
+    wide = upcast(x).dtype
+    for k in range(kw):
+        i_shift, o_shift = max(0, k - pad), max(0, pad - k)
+        t = min(ilen + pad - k, olen) - o_shift
+        if t > 0:
+            tap = jnp.matmul(x[i_shift : i_shift + t], w[k], preferred_element_type=wide)
+            out = out.at[o_shift : o_shift + t].set((out[o_shift : o_shift + t] + tap).astype(x.dtype))
+    return out
