@@ -111,6 +111,9 @@ def test_data_pointers_tell_shared_memory_as_on_cpu():
             assert end <= x.data_ptr() or start >= x.data_ptr() + x.untyped_storage().nbytes(), device
         x.add_(1)  # a write keeps the storage, and its pointer
         assert x.data_ptr() == view.data_ptr()
+        # nothing to point at: 0, as CPU's allocator and c10 answer
+        empty = torch.empty(2, 0, device=device)
+        assert empty.data_ptr() == empty.untyped_storage().data_ptr() == x[15:].data_ptr() == 0, device
 
 
 def test_transformers_save_pretrained_of_a_tpu_model_round_trips(tmp_path):

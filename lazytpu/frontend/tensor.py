@@ -224,7 +224,9 @@ def tag_storage(storage: torch.UntypedStorage, held: DeviceStorage) -> torch.Unt
 # memory): ``x.data_ptr()`` is its start plus the tensor's offset in bytes,
 # and ``untyped_storage().data_ptr()`` its start, so views share a storage
 # pointer and ranges overlap where memory does, as on CPU. Nothing
-# dereferences them (there is no tpu kernel that would).
+# dereferences them (there is no tpu kernel that would). A storage of no
+# elements has the address 0, as CPU's (its allocator returns no memory),
+# and so has a tensor of no elements (c10 answers a null pointer for one).
 _ADDRESSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Storage -> its address
 _NEXT_ADDRESS = [1 << 48]
 _ADDRESS_LOCK = threading.Lock()
@@ -232,6 +234,8 @@ _ADDRESS_LOCK = threading.Lock()
 
 def storage_address(storage: Storage) -> int:
     """The address of ``storage`` (Note [Data pointers])."""
+    if not storage.numel:
+        return 0
     address = _ADDRESSES.get(storage)
     if address is None:
         reserved = -(-max(storage.numel, 1) * 16 // 64) * 64  # room for any dtype's view of it, 64-byte aligned
@@ -489,7 +493,10 @@ class LazyTensor(torch.Tensor):
         return new
 
     def data_ptr(self) -> int:
-        """See Note [Data pointers]: the storage's address plus this tensor's offset in bytes."""
+        """See Note [Data pointers]: the storage's address plus this tensor's offset in bytes
+        (0 for a tensor of no elements, as on CPU)."""
+        if not self.numel():
+            return 0
         return storage_address(self._lt_storage) + self.storage_offset() * self.element_size()
 
     def untyped_storage(self) -> torch.UntypedStorage:
