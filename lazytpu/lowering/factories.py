@@ -17,11 +17,11 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
-import jax.scipy.special as jss
 import torch
 
 from lazytpu import _dtypes
 from lazytpu.lowering.casts import convert
+from lazytpu.lowering.pointwise_ext import modified_bessel_i0
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
@@ -213,7 +213,8 @@ def kaiser_window(window_length, periodic=True, beta=12.0, *, dtype=None, layout
     work = jnp.promote_types(target, jnp.float32)
     alpha = (n - 1) / 2.0
     ratio = (jnp.arange(n, dtype=target).astype(work) - alpha) / alpha
-    window = jss.i0(beta * jnp.sqrt(jnp.abs(1 - ratio * ratio))) / jss.i0(jnp.asarray(beta, work))
+    i0 = modified_bessel_i0
+    window = i0(beta * jnp.sqrt(jnp.abs(1 - ratio * ratio))) / i0(jnp.asarray(beta, work))
     return window[:window_length]
 
 

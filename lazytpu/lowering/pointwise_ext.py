@@ -129,15 +129,23 @@ def _spherical_bessel_j0(x):
 # -- modified Bessel functions ---------------------------------------------------------
 
 
+def _exp(x):
+    """``exp`` rounded as CPU's ``expf`` rounds (correctly, almost always): XLA's
+    float32 ``exp`` is an ulp off on many inputs, so it runs in float64."""
+    return jnp.exp(x.astype(jnp.float64)).astype(x.dtype) if x.dtype == jnp.float32 else jnp.exp(x)
+
+
 def _modified_bessel_i(x, small, large):
     """``I0``/``I1`` before their sign: the Chebyshev series in ``|x|``."""
     ax = jnp.abs(x)
-    inside = _chbevl(ax / 2.0 - 2.0, small) * jnp.exp(ax)
-    outside = jnp.exp(ax) * _chbevl(32.0 / ax - 2.0, large) / jnp.sqrt(ax)
+    e = _exp(ax)
+    inside = _chbevl(ax / 2.0 - 2.0, small) * e
+    outside = e * _chbevl(32.0 / ax - 2.0, large) / jnp.sqrt(ax)
     return ax, inside, outside
 
 
-def _modified_bessel_i0(x):
+def modified_bessel_i0(x):
+    """``I0(x)`` as CPU torch's ``calc_i0`` (``i0``, ``kaiser_window``) and ``modified_bessel_i0`` sum it."""
     ax, inside, outside = _modified_bessel_i(x, C.MODIFIED_BESSEL_I0_A, C.MODIFIED_BESSEL_I0_B)
     return jnp.where(ax <= 8.0, inside, outside)
 
@@ -150,7 +158,7 @@ def _modified_bessel_i1(x):
 
 def _modified_bessel_k(x, order: int, scaled: bool):
     if order == 0:
-        small = _chbevl(x * x - 2.0, C.MODIFIED_BESSEL_K0_A) - jnp.log(0.5 * x) * _modified_bessel_i0(x)
+        small = _chbevl(x * x - 2.0, C.MODIFIED_BESSEL_K0_A) - jnp.log(0.5 * x) * modified_bessel_i0(x)
         large_series = C.MODIFIED_BESSEL_K0_B
     else:
         small = jnp.log(0.5 * x) * _modified_bessel_i1(x) + _chbevl(x * x - 2.0, C.MODIFIED_BESSEL_K1_A) / x
@@ -206,7 +214,7 @@ _BESSEL = {
     aten.special_bessel_j1.default: _bessel_j1,
     aten.special_bessel_y0.default: _bessel_y0,
     aten.special_bessel_y1.default: _bessel_y1,
-    aten.special_modified_bessel_i0.default: _modified_bessel_i0,
+    aten.special_modified_bessel_i0.default: modified_bessel_i0,
     aten.special_modified_bessel_i1.default: _modified_bessel_i1,
     aten.special_modified_bessel_k0.default: lambda x: _modified_bessel_k(x, 0, scaled=False),
     aten.special_modified_bessel_k1.default: lambda x: _modified_bessel_k(x, 1, scaled=False),

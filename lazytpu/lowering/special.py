@@ -24,6 +24,7 @@ from lazytpu.lowering import complex_math as cm
 from lazytpu.lowering.complex_math import complex_or
 from lazytpu.lowering.elementwise import Kind, common_dtype, divide_exactly, elu, promote
 from lazytpu.lowering.factories import is_integral, jax_dtype
+from lazytpu.lowering.pointwise_ext import modified_bessel_i0
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
@@ -169,10 +170,6 @@ def _polygamma(n: int, x):
     return sign * math.exp(math.lgamma(n + 1.0)) * _zeta(jnp.full_like(x, n + 1), x)
 
 
-def _i0(x):
-    return jss.i0(x)
-
-
 def _erfinv(x):
     return lax.erf_inv(x)
 
@@ -213,7 +210,7 @@ _UNARY_FLOAT = {
     aten.erfinv.default: _erfinv,
     aten.lgamma.default: lax.lgamma,
     aten.digamma.default: _digamma,
-    aten.i0.default: _i0,
+    aten.i0.default: modified_bessel_i0,  # CPU's calc_i0 is the same Cephes series
     aten.sinc.default: _sinc,
     aten.angle.default: _angle,
     aten.deg2rad.default: lambda x: x * jnp.asarray(math.pi / 180, x.dtype),
