@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from lazytpu.lowering.elementwise import rsqrt
 from lazytpu.lowering.reduction import axes, count, upcast
 from lazytpu.lowering.registry import lowering
 
@@ -192,7 +193,7 @@ def _standardize(x, ax, eps):
     """``(x - mean) * rstd`` over ``ax`` (biased variance), with mean and rstd kept as dims."""
     x = upcast(x)
     mu = jnp.mean(x, axis=ax, keepdims=True)
-    rstd = jax.lax.rsqrt(jnp.mean(jnp.square(x - mu), axis=ax, keepdims=True) + eps)
+    rstd = rsqrt(jnp.mean(jnp.square(x - mu), axis=ax, keepdims=True) + eps)
     return (x - mu) * rstd, mu, rstd
 
 

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from lazytpu.lowering.elementwise import sqrt
 from lazytpu.lowering.norms import p_norm
 from lazytpu.lowering.registry import lowering
 
@@ -153,7 +154,7 @@ def _euclid_mm(x1, x2):
     a = jnp.concatenate([-2 * x1, n1, jnp.ones_like(n1)], axis=-1)
     b = jnp.concatenate([x2, jnp.ones_like(n2), n2], axis=-1)
     sq = jnp.matmul(a, jnp.swapaxes(b, -1, -2), precision=jax.lax.Precision.HIGHEST)
-    return jnp.sqrt(jnp.maximum(sq, 0))
+    return sqrt(jnp.maximum(sq, 0))
 
 
 @lowering(aten._cdist_forward.default)

@@ -17,10 +17,10 @@ float32, and the saved mean and inverse std are float32, as torch's kernels.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import torch
 
+from lazytpu.lowering.elementwise import rsqrt
 from lazytpu.lowering.reduction import upcast
 from lazytpu.lowering.registry import lowering
 
@@ -50,13 +50,13 @@ def _train_forward(x, weight, bias, eps):
     ax = _axes(x)
     mean = jnp.mean(xf, axis=ax)
     var = jnp.mean(jnp.square(xf - _channel(mean, x)), axis=ax)
-    invstd = jax.lax.rsqrt(var + eps)
+    invstd = rsqrt(var + eps)
     out = (xf - _channel(mean, x)) * _channel(invstd, x)
     return _affine(out, weight, bias, x), mean, invstd, var
 
 
 def _eval_forward(x, weight, bias, running_mean, running_var, eps):
-    invstd = jax.lax.rsqrt(upcast(running_var) + eps)
+    invstd = rsqrt(upcast(running_var) + eps)
     out = (upcast(x) - _channel(upcast(running_mean), x)) * _channel(invstd, x)
     return _affine(out, weight, bias, x), upcast(running_mean), invstd
 
@@ -97,7 +97,7 @@ def native_batch_norm_backward(
     if train:
         mean, invstd = save_mean, save_invstd
     else:
-        mean, invstd = upcast(running_mean), jax.lax.rsqrt(upcast(running_var) + eps)
+        mean, invstd = upcast(running_mean), rsqrt(upcast(running_var) + eps)
     xhat = (upcast(x) - _channel(mean, x)) * _channel(invstd, x)
     sum_g = jnp.sum(g, axis=ax)
     sum_gx = jnp.sum(g * xhat, axis=ax)

@@ -8,6 +8,7 @@ import torch
 from jax import lax
 
 from lazytpu import _dtypes
+from lazytpu.lowering.elementwise import sqrt
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
@@ -22,7 +23,7 @@ def p_norm(a, p, ax, keepdim: bool):
         lambda a: jnp.min(a, axis=ax, keepdims=keepdim, initial=jnp.inf),
         lambda a: jnp.sum((a != 0).astype(a.dtype), axis=ax, keepdims=keepdim),
         lambda a: jnp.sum(a, axis=ax, keepdims=keepdim),
-        lambda a: jnp.sqrt(jnp.sum(a * a, axis=ax, keepdims=keepdim)),
+        lambda a: sqrt(jnp.sum(a * a, axis=ax, keepdims=keepdim)),
         lambda a: jnp.sum(a ** jnp.asarray(p, a.dtype), axis=ax, keepdims=keepdim) ** (1 / jnp.asarray(p, a.dtype)),
     )
     if isinstance(p, (int, float)):

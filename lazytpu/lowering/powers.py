@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from lazytpu.lowering.elementwise import NUMBER, Kind, promote
+from lazytpu.lowering.elementwise import NUMBER, Kind, promote, rsqrt, sqrt
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
@@ -55,7 +55,7 @@ def pow_(x, y):
         square = square.astype(stored).astype(x.dtype)
     power = jnp.where(unrounded == -2, 1 / square, jnp.where(unrounded == 3, square * x, power))
     power = jnp.where(unrounded == 2, x * x, power)
-    return jnp.where(unrounded == 0.5, jnp.sqrt(x), jnp.where(unrounded == -0.5, lax.rsqrt(x), power))
+    return jnp.where(unrounded == 0.5, sqrt(x), jnp.where(unrounded == -0.5, rsqrt(x), power))
 
 
 def _complex_pow(x, y, scalar_exponent: bool):

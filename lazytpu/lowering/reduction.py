@@ -20,6 +20,7 @@ import torch
 
 from lazytpu import _dtypes
 from lazytpu.lowering.casts import convert
+from lazytpu.lowering.elementwise import sqrt
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
@@ -164,7 +165,7 @@ def var(x, dim=None, *, correction=None, keepdim=False):
 
 @lowering(aten.std.correction)
 def std(x, dim=None, *, correction=None, keepdim=False):
-    return jnp.sqrt(var(x, dim, correction=correction, keepdim=keepdim))
+    return sqrt(var(x, dim, correction=correction, keepdim=keepdim))
 
 
 @lowering(aten.var_mean.correction)
@@ -175,7 +176,7 @@ def var_mean(x, dim=None, *, correction=None, keepdim=False):
 @lowering(aten.std_mean.correction)
 def std_mean(x, dim=None, *, correction=None, keepdim=False):
     v, mu = _var_mean(x, dim, correction, keepdim)
-    return jnp.sqrt(v), mu
+    return sqrt(v), mu
 
 
 # -- logic ---------------------------------------------------------------------
@@ -292,5 +293,5 @@ def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     if ord == 1:
         return jnp.sum(a, axis=ax, keepdims=keepdim)
     if ord == 2:
-        return jnp.sqrt(jnp.sum(a * a, axis=ax, keepdims=keepdim))
+        return sqrt(jnp.sum(a * a, axis=ax, keepdims=keepdim))
     return jnp.sum(a**ord, axis=ax, keepdims=keepdim) ** (1.0 / ord)
