@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import math
+import warnings
 from collections.abc import Callable
 
 import attrs
@@ -429,3 +430,29 @@ def test_anomaly_mode_checks_gradients_on_the_device():
         (c.sqrt() * c).sum().backward()
         torch.testing.assert_close(t.grad.cpu(), c.grad)
         assert torch._is_all_true(t > 0).item() and not torch._is_any_true(t > 9).item()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x: x.std(1),  # valid: no warning (the dtype check's one-element stand-in warned)
+        lambda x: x.var(1, correction=0),
+        lambda x: x[:1].var(),  # one element: warns
+        lambda x: x[:, :2].std(1, correction=2),
+        lambda x: x[:, :2].var(1, correction=1.5),
+        lambda x: torch.var_mean(x[:1, :1]),
+        lambda x: torch.std_mean(x, 0, correction=4),
+        lambda x: x[:0].var(0, correction=0),  # empty: warns
+    ],
+)
+def test_degrees_of_freedom_warnings_as_on_cpu(call, eager_mode):
+    """Note [Degrees of freedom]: the same warnings as CPU's kernels, at the same calls."""
+    x = torch.randn(4, 6)
+
+    def messages(t):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call(t)
+        return [str(w.message).split(" (Triggered internally")[0] for w in caught]
+
+    assert messages(x.to("tpu")) == messages(x)

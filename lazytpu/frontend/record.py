@@ -19,7 +19,7 @@ from lazytpu._registry import Registry
 from lazytpu.engine import RNG_AVAL, context
 from lazytpu.frontend import hostio, schema
 from lazytpu.frontend.checks import scalars, value_checks
-from lazytpu.frontend.checks.kernel_checks import check_kernel_dtypes
+from lazytpu.frontend.checks.kernel_checks import check_kernel_dtypes, degrees_of_freedom_check
 from lazytpu.frontend.metas import MetaUnavailable, infer_meta, value_key
 from lazytpu.frontend.tensor import LazyTensor, contiguous_strides, describe
 from lazytpu.frontend.windows import read
@@ -371,6 +371,12 @@ def _alert_then(caller: str, check, values) -> None:
         check(values)
 
 
+def _check_then(first, check, values) -> None:
+    first(values)
+    if check is not None:
+        check(values)
+
+
 def make_plan(func, args, kwargs, rule, values) -> _Plan:
     args, kwargs = lift(func, args, kwargs)
     template, flat_values = flatten(args, kwargs, pick)
@@ -392,6 +398,9 @@ def make_plan(func, args, kwargs, rule, values) -> _Plan:
         caller = _NONDETERMINISTIC.get(func, lambda a, k: None)(args, kwargs)
         if caller is not None:
             plan.scalar_check = functools.partial(_alert_then, caller, plan.scalar_check)
+        warn = degrees_of_freedom_check(func, template, flat_values, meta_out)
+        if warn is not None:
+            plan.scalar_check = functools.partial(_check_then, warn, plan.scalar_check)
     check_dims(func, flat_values, plan.descs)
     plan.value_plan = value_checks.plan(func, args, kwargs, template, flat_values, next(iter(plan.out_avals), None))
     return plan

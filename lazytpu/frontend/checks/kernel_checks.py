@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+import warnings
 
 import torch
 
 from lazytpu.frontend.checks.probe import cpu_error
 from lazytpu.ir import Scalar
+from lazytpu.ir.template import fill
 
 # Errors of CPU kernels that meta kernels do not raise, and that do not
 # depend on sizes (Note [Kernel checks]).
@@ -232,11 +235,21 @@ def _attention_on_cpu(query, key, value, attn_bias=None, *args, scale=None, **kw
     return torch.ops.aten._scaled_dot_product_attention_math(query, key, value, attn_bias, scale=scale)
 
 
+def _var_of_all(x, *args, **kwargs):
+    return torch.ops.aten.var.correction(torch.ones(1, dtype=x.dtype), correction=0)  # the dtype check alone
+
+
 # Ops tpu records that have no CPU kernel, checked with the kernel CPU torch
-# runs in their place (``scaled_dot_product_attention``'s math kernel).
+# runs in their place (``scaled_dot_product_attention``'s math kernel); and
+# ops whose kernel would warn of its stand-ins, checked with a call that makes
+# the same dtype check and no warning: ``std``/``var`` of a one-element
+# stand-in warned "degrees of freedom is <= 0" at the user's valid call (C++
+# warnings reach Python when the user's call returns, past any filter here).
 _CPU_KERNELS = {
     "_scaled_dot_product_efficient_attention": _attention_on_cpu,
     "_scaled_dot_product_fused_attention_overrideable": _attention_on_cpu,
+    "std": _var_of_all,
+    "var": _var_of_all,
 }
 
 # Families whose CPU kernels check sizes before the dtype (a pooling window
@@ -397,3 +410,35 @@ def check_kernel_dtypes(func, template, values) -> None:
             raise error[0](error[1].replace("_cpu", "_tpu")) from None
         if error is None and count:
             return  # a call with elements that the kernel accepts: the dtypes pass
+
+
+# Note [Degrees of freedom]: CPU's ``std``/``var`` kernels (and ``std_mean``,
+# ``var_mean``) warn at every call whose correction is not below the
+# reduction factor (input numel over output numel; 0 for an empty output):
+# "degrees of freedom is <= 0". Meta kernels do not, and the dtype check's
+# CPU call must not (its one-element stand-ins would warn at every valid
+# call: ``_var_of_all``), so the warning is the plan's per-call check, from
+# the real shapes and the call's correction (a lifted number may change).
+_DOF_FAMILIES = frozenset({"std", "var", "std_mean", "var_mean"})
+
+
+def degrees_of_freedom_check(func, template, values, meta_out):
+    """The per-call check that warns as CPU's kernel does (Note [Degrees of freedom]), or None."""
+    family = func._schema.name.split("::")[-1]
+    if family not in _DOF_FAMILIES or func._overloadname != "correction":
+        return None
+    out = meta_out if isinstance(meta_out, torch.Tensor) else meta_out[0]
+    x = next(v for v in values if type(v) is not Scalar)
+    factor = 0 if out.numel() == 0 else x.numel() // out.numel()
+    return functools.partial(_warn_degrees_of_freedom, family, template, factor)
+
+
+def _warn_degrees_of_freedom(family, template, factor, values) -> None:
+    correction = fill(template, values)[1].get("correction")
+    correction = 1 if correction is None else getattr(correction, "value", correction)
+    if factor - correction <= 0:
+        warnings.warn(
+            f"{family}(): degrees of freedom is <= 0. Correction should be strictly less than the reduction "
+            "factor (input numel divided by output numel).",
+            stacklevel=7,  # above: _check_then, record_call, its route, dispatch, __torch_dispatch__, the caller
+        )
