@@ -160,15 +160,16 @@ def test_hyperbolic_accuracy(name, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_i0_sums_cpus_series(dtype):
-    """i0 is CPU's Cephes series (``calc_i0``), not XLA's: most values bit-equal
-    (the rest differ by CPU's and XLA's ``exp``), within 3 ulp; XLA's own was
-    bit-equal on 71% in float32, up to 3.3 ulp off."""
+    """i0 is CPU's Cephes series (``calc_i0``) with a correctly rounded float32 ``exp``
+    and a true division by ``sqrt`` (Note [Square roots on XLA:CPU]), not XLA's: bit-equal
+    on 99.9% of float32 values (XLA's own: 52%) and 89% of float64 ones (53%; the rest
+    differ by CPU's and XLA's float64 ``exp``), within 3 ulp."""
     x = torch.cat([torch.linspace(-80, 80, 20001, dtype=torch.float64), torch.logspace(-8, 1, 201)]).to(dtype)
     with no_fallback():
         got = torch.i0(x.to("tpu")).cpu()
     expected = torch.i0(x)
     torch.testing.assert_close(got, expected, rtol=3 * torch.finfo(dtype).eps, atol=0)
-    assert (got == expected).double().mean() > 0.75
+    assert (got == expected).double().mean() > (0.99 if dtype is torch.float32 else 0.85)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])

@@ -22,7 +22,7 @@ import torch
 from jax import lax
 
 from lazytpu.lowering import _cephes as C
-from lazytpu.lowering.elementwise import Kind, promote
+from lazytpu.lowering.elementwise import Kind, promote, sqrt
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
@@ -75,7 +75,7 @@ def _asymptotic(x, z, order: int, second_kind: bool):
         value = p * jnp.sin(phase) + q * jnp.cos(phase)
     else:
         value = p * jnp.cos(phase) - q * jnp.sin(phase)
-    return value * _SQRT_2_PI / jnp.sqrt(x)
+    return value * _SQRT_2_PI / sqrt(x)
 
 
 def _bessel_j0(x):
@@ -140,7 +140,7 @@ def _modified_bessel_i(x, small, large):
     ax = jnp.abs(x)
     e = _exp(ax)
     inside = _chbevl(ax / 2.0 - 2.0, small) * e
-    outside = e * _chbevl(32.0 / ax - 2.0, large) / jnp.sqrt(ax)
+    outside = e * _chbevl(32.0 / ax - 2.0, large) / sqrt(ax)
     return ax, inside, outside
 
 
@@ -163,7 +163,7 @@ def _modified_bessel_k(x, order: int, scaled: bool):
     else:
         small = jnp.log(0.5 * x) * _modified_bessel_i1(x) + _chbevl(x * x - 2.0, C.MODIFIED_BESSEL_K1_A) / x
         large_series = C.MODIFIED_BESSEL_K1_B
-    large = _chbevl(8.0 / x - 2.0, large_series) / jnp.sqrt(x)
+    large = _chbevl(8.0 / x - 2.0, large_series) / sqrt(x)
     if scaled:
         small = small * jnp.exp(x)
     else:
@@ -184,7 +184,7 @@ def _airy_ai(x):
     f_ratio = zz * _polevl(zz, C.AIRY_AI_AFN) / _polevl(zz, C.AIRY_AI_AFD)
     g_ratio = z * _polevl(zz, C.AIRY_AI_AGN) / _polevl(zz, C.AIRY_AI_AGD)
     t = zeta_neg + 0.25 * math.pi
-    negative = 5.64189583547756286948e-01 / jnp.sqrt(root) * (jnp.sin(t) * (1.0 + f_ratio) - jnp.cos(t) * g_ratio)
+    negative = 5.64189583547756286948e-01 / sqrt(root) * (jnp.sin(t) * (1.0 + f_ratio) - jnp.cos(t) * g_ratio)
     # x >= 2.09: the decaying asymptotic form
     zeta_pos = 2.0 * x * jnp.sqrt(x) / 3.0
     ratio = _polevl(1.0 / zeta_pos, C.AIRY_AI_AN) / _polevl(1.0 / zeta_pos, C.AIRY_AI_AD)
