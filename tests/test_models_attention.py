@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import copy
+import re
+
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
-from conftest import run_both
+from conftest import no_fallback, run_both
 
 import lazytpu
 
@@ -156,3 +160,113 @@ def test_sdpa_backward_of_an_undefined_output_gradient_is_zero():
             check_undefined_grad=True,
             nondet_tol=1e-15,  # docs/limitations.md, "Rounding inside a fused program"
         )
+
+
+# -- the inference fast path of nn.MultiheadAttention / nn.TransformerEncoderLayer -----------
+
+
+@pytest.mark.parametrize(
+    ("mask", "dim", "mask_type"),
+    [("square", 3, 0), ("padding", 3, 1), ("full", 3, 2), ("full", 2, None), ("square", 2, 0), ("padding", 1, 1)],
+)
+def test_masked_softmax_matches_cpu(mask, dim, mask_type):
+    """``_masked_softmax`` (no CPU kernel reached tpu: it fell back): CPU's values,
+    NaN for a row masked whole as on CPU."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 2, 4, 4, generator=gen)
+    shapes = {"square": (4, 4), "padding": (2, 4), "full": (2, 2, 4, 4)}
+    m = torch.rand(shapes[mask], generator=gen) > 0.6
+    m[(0,) * m.dim()] = True
+    if mask == "square":
+        m[1] = True  # a row masked whole
+    with no_fallback():
+        got = torch._masked_softmax(x.to("tpu"), m.to("tpu"), dim, mask_type).cpu()
+    torch.testing.assert_close(got, torch._masked_softmax(x, m, dim, mask_type), equal_nan=True)
+    grad = torch.randn(x.shape, generator=gen)
+    full = m.view(1, 1, 4, 4).expand(x.shape) if mask == "square" else m
+    if mask == "full" and dim == 3:
+        out = torch._masked_softmax(x, full, dim, 2)
+        with no_fallback():
+            got = aten._masked_softmax_backward(grad.to("tpu"), out.to("tpu"), full.to("tpu"), dim).cpu()
+        torch.testing.assert_close(got, aten._masked_softmax_backward(grad, out, full, dim), equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: torch._masked_softmax(torch.ones(1, 1, 3, 3, device=d), torch.ones(3, 3, device=d), 3, 0),
+        lambda d: torch._masked_softmax(
+            torch.ones(1, 1, 3, 3, device=d), torch.ones(3, 2, dtype=torch.bool, device=d), 3, 0
+        ),
+        lambda d: torch._masked_softmax(
+            torch.ones(1, 1, 3, 3, device=d), torch.ones(3, 3, dtype=torch.bool, device=d), 3
+        ),
+        lambda d: torch._masked_softmax(torch.ones(2, 3, device=d), torch.ones(3, 3, dtype=torch.bool, device=d), 1, 2),
+    ],
+)
+def test_masked_softmax_errors_as_on_cpu(call):
+    with pytest.raises(RuntimeError) as cpu:
+        call("cpu")
+    with pytest.raises(RuntimeError, match=re.escape(str(cpu.value))):
+        call("tpu")
+
+
+def _copies(module):
+    return module.eval(), copy.deepcopy(module).to("tpu")
+
+
+@pytest.mark.parametrize(("norm_first", "activation"), [(False, "relu"), (True, "gelu")])
+@pytest.mark.parametrize("mask", [None, "src_key_padding_mask", "mask"])
+def test_transformer_encoder_fast_path_runs_on_the_device(norm_first, activation, mask):
+    """(Note [Transformer fast path]) An eval-mode encoder under no_grad calls
+    ``_transformer_encoder_layer_fwd``, which ran on CPU; its layers are recorded now."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 4, 32, 0.0, activation, batch_first=True, norm_first=norm_first)
+    cpu, tpu = _copies(nn.TransformerEncoder(layer, 2, enable_nested_tensor=False))
+    x = torch.randn(3, 7, 16)
+    masks = {"src_key_padding_mask": torch.arange(7).expand(3, 7) >= torch.tensor([[7], [5], [2]])}
+    masks["mask"] = nn.Transformer.generate_square_subsequent_mask(7)
+    kwargs = {} if mask is None else {mask: masks[mask]}
+    with torch.no_grad(), no_fallback():
+        got = tpu(x.to("tpu"), **{k: v.to("tpu") for k, v in kwargs.items()}).cpu()
+    with torch.no_grad():
+        torch.testing.assert_close(got, cpu(x, **kwargs))
+
+
+@pytest.mark.parametrize(("need_weights", "average"), [(True, True), (True, False), (False, True)])
+def test_multihead_attention_fast_path_runs_on_the_device(need_weights, average):
+    """``_native_multi_head_attention`` from the module (self-attention), with and without weights."""
+    torch.manual_seed(0)
+    cpu, tpu = _copies(nn.MultiheadAttention(16, 4, batch_first=True))
+    q = torch.randn(2, 5, 16)
+    q_tpu = q.to("tpu")  # the fast path asks `query is key is value`
+    with torch.no_grad(), no_fallback():
+        out, weights = tpu(q_tpu, q_tpu, q_tpu, need_weights=need_weights, average_attn_weights=average)
+    with torch.no_grad():
+        want, want_weights = cpu(q, q, q, need_weights=need_weights, average_attn_weights=average)
+    torch.testing.assert_close(out.cpu(), want)
+    assert (weights is None) == (want_weights is None)
+    if weights is not None:
+        torch.testing.assert_close(weights.cpu(), want_weights)
+
+
+@pytest.mark.parametrize("inputs", ["self", "shared_kv", "three"])
+@pytest.mark.parametrize("mask_type", [None, 0, 1])
+def test_native_multi_head_attention_projections_and_masks(inputs, mask_type):
+    """The op itself: one, two or three input projections (CPU's ``qkv_projection``), masks of each type."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 5, 8, generator=gen) for _ in range(3))
+    k, v = {"self": (q, q), "shared_kv": (k, k), "three": (k, v)}[inputs]
+    weights = [torch.randn(s, generator=gen) for s in ((24, 8), (24,), (8, 8), (8,))]
+    mask = {None: None, 0: torch.rand(5, 5, generator=gen) > 0.7, 1: torch.rand(2, 5, generator=gen) > 0.7}[mask_type]
+
+    def call(q, k, v):
+        on = [w.to(q.device) for w in weights] + [None if mask is None else mask.to(q.device)]
+        return torch._native_multi_head_attention(q, k, v, 8, 2, *on, True, False, mask_type)
+
+    tpu = {id(t): t.to("tpu") for t in (q, k, v)}
+    with no_fallback():
+        out, attn = call(tpu[id(q)], tpu[id(k)], tpu[id(v)])
+    want, want_attn = call(q, k, v)
+    torch.testing.assert_close(out.cpu(), want, equal_nan=True, rtol=2e-5, atol=5e-5)  # scores of size ~10
+    torch.testing.assert_close(attn.cpu(), want_attn, equal_nan=True)

@@ -483,7 +483,7 @@ def test_sign_of_negative_zero_and_nan_is_positive_zero(dtype):
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float64))
 def test_square_roots_divide_as_on_cpu(dtype, eager_mode):
-    """Note [Square roots on XLA:CPU]: XLA rewrote ``a / sqrt(b)`` as ``a * rsqrt(b)``
+    """(Note [Square roots on XLA:CPU]) XLA rewrote ``a / sqrt(b)`` as ``a * rsqrt(b)``
     and its rsqrt is not CPU's ``1 / sqrt`` (36-40% of results an ulp off): rsqrt,
     ``pow(x, -0.5)``, RMSNorm's ``x * rsqrt(...)`` and a division by a square root in
     one program are bit-equal with CPU's (the division's root taken correctly rounded:

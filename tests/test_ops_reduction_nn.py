@@ -446,7 +446,7 @@ def test_anomaly_mode_checks_gradients_on_the_device():
     ],
 )
 def test_degrees_of_freedom_warnings_as_on_cpu(call, eager_mode):
-    """Note [Degrees of freedom]: the same warnings as CPU's kernels, at the same calls."""
+    """The same warnings as CPU's kernels, at the same calls (Note [Degrees of freedom])."""
     x = torch.randn(4, 6)
 
     def messages(t):

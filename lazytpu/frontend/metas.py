@@ -334,7 +334,29 @@ _FUSED_OPTIMIZERS = [
 ]
 
 
+def _masked_softmax(x, mask, dim=None, mask_type=None):
+    """CPU's checks of ``_masked_softmax`` (it has no meta kernel), and its output: ``x``'s shape, contiguous."""
+    torch._check(mask.dtype == torch.bool, lambda: "Mask should be a boolean tensor")
+    if mask.dim() != 2 or x.dim() != 4:
+        mask_type = 2  # types 0 and 1 are for a 2-d mask of a 4-d input only
+    torch._check(mask_type is not None, lambda: "Mask Type should be defined")
+    if mask_type == 2:
+        torch._check(x.shape == mask.shape, lambda: "For mask_type == 2 mask shape should match input shape")
+    elif mask_type == 1:
+        torch._check(
+            x.shape[0] == mask.shape[0] and x.shape[2] == mask.shape[1],
+            lambda: "For mask_type == 1 mask shape should be (B, L)",
+        )
+    elif mask_type == 0:
+        torch._check(
+            x.shape[2] == mask.shape[0] == mask.shape[1], lambda: "For mask_type == 0 mask shape should be (L, L)"
+        )
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
 SHAPES = {
+    aten._masked_softmax.default: _masked_softmax,
+    aten._masked_softmax_backward.default: _like_first,
     # the meta kernels of ``<<`` and ``>>`` refuse bool operands, which CPU promotes
     # (``bool << 1`` is int64) as ``bitwise_*_shift``'s meta kernels do; for a bool or
     # floating result, the kernel check raises CPU's error (Note [Kernel checks])

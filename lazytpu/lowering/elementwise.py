@@ -302,33 +302,21 @@ def _exp2(x):
     return jnp.where(finite, power, jnp.exp2(wide)).astype(x.dtype)
 
 
-def _reciprocal(x):
-    return 1 / x
-
-
-# Note [Square roots on XLA:CPU]: XLA's simplifier rewrites ``a / sqrt(b)`` as
-# ``a * rsqrt(b)``, and XLA:CPU's ``rsqrt`` is not ``1 / sqrt`` rounded twice
-# (CPU torch's ``rsqrt``, and its every division by a square root): 36-40% of
-# float32 and float64 results were an ulp off (``x / x.norm()``, RMSNorm's
-# ``x * rsqrt(var + eps)``, layer and batch norm's inverse deviation). On
-# XLA:CPU a square root therefore passes an optimization barrier, which the
-# simplifier does not see through, and ``rsqrt`` divides 1 by it: bit-equal
-# with CPU torch. Other platforms keep XLA's forms and their fusion (their
-# ``sqrt`` and division are not CPU's anyway).
-
-
-def _fenced_sqrt(x):
-    return lax.optimization_barrier(jnp.sqrt(x))
+# Note [Square roots on XLA:CPU]: XLA rewrites ``a / sqrt(b)`` as ``a * rsqrt(b)``, and
+# XLA:CPU's ``rsqrt`` is not CPU torch's ``1 / sqrt`` rounded twice: 36-40% of float32 and
+# float64 results were an ulp off (``x / x.norm()``, RMSNorm, the norms' inverse deviation).
+# On XLA:CPU a square root passes an optimization barrier, which the rewrite does not see
+# through, and ``rsqrt`` divides 1 by it; other platforms keep XLA's forms and fusion.
 
 
 def sqrt(x):
     """``jnp.sqrt(x)``, which a division divides by (Note [Square roots on XLA:CPU])."""
-    return lax.platform_dependent(x, cpu=_fenced_sqrt, default=jnp.sqrt)
+    return lax.platform_dependent(x, cpu=lambda v: lax.optimization_barrier(jnp.sqrt(v)), default=jnp.sqrt)
 
 
 def rsqrt(x):
     """``1 / sqrt(x)`` rounded twice, as CPU torch's (Note [Square roots on XLA:CPU])."""
-    return lax.platform_dependent(x, cpu=lambda v: 1 / _fenced_sqrt(v), default=lax.rsqrt)
+    return lax.platform_dependent(x, cpu=lambda v: 1 / lax.optimization_barrier(jnp.sqrt(v)), default=lax.rsqrt)
 
 
 def _sigmoid(x):
@@ -347,7 +335,7 @@ _UNARY = {
         aten.log2.default: complex_or(jnp.log2, cm.log2),
         aten.sqrt.default: complex_or(sqrt, cm.sqrt),
         aten.rsqrt.default: complex_or(rsqrt, cm.rsqrt),
-        aten.reciprocal.default: complex_or(_reciprocal, cm.reciprocal),
+        aten.reciprocal.default: complex_or(jnp.reciprocal, cm.reciprocal),
         aten.sin.default: complex_or(jnp.sin, cm.sin),
         aten.cos.default: complex_or(jnp.cos, cm.cos),
         aten.tanh.default: complex_or(jnp.tanh, cm.tanh),

@@ -64,6 +64,36 @@ def softmax_backward(grad_output, output, dim, input_dtype):
     return y * (g - jnp.sum(g * y, axis=ax, keepdims=True))
 
 
+def _full_mask(x, mask, mask_type):
+    """``_masked_softmax``'s mask as one of ``x``'s shape (True: left out): a 2-d mask of a
+    4-d input is ``(L, L)`` (type 0) or a ``(B, L)`` key padding mask (type 1)."""
+    if mask.ndim == 2 and x.ndim == 4 and mask_type == 0:
+        mask = mask.reshape(1, 1, *mask.shape)
+    elif mask.ndim == 2 and x.ndim == 4 and mask_type == 1:
+        mask = mask.reshape(mask.shape[0], 1, 1, mask.shape[1])
+    return jnp.broadcast_to(mask, x.shape)
+
+
+@lowering(aten._masked_softmax.default)
+def masked_softmax(x, mask, dim=None, mask_type=None):
+    """CPU's masked softmax: the masked elements are 0 and take no part in the max and
+    the sum; a row masked whole is NaN there (``0 / 0``), as on CPU."""
+    y, axis = _softmax_axis(upcast(x), x.ndim - 1 if dim is None else dim)
+    keep = ~_full_mask(y, mask.reshape(y.shape) if x.ndim == 0 else mask, mask_type)
+    top = jnp.max(jnp.where(keep, y, -jnp.inf), axis=axis, keepdims=True)
+    e = jnp.where(keep, jnp.exp(y - top), 0)
+    return (e / jnp.sum(e, axis=axis, keepdims=True)).reshape(x.shape)
+
+
+@lowering(aten._masked_softmax_backward.default)
+def masked_softmax_backward(grad_output, output, mask, dim=None):
+    g, y = upcast(grad_output), upcast(output)
+    keep = ~jnp.broadcast_to(mask, g.shape)
+    ax = axes(g, [g.ndim - 1 if dim is None else dim])
+    g = jnp.where(keep, g, 0)
+    return jnp.where(keep, y * (g - jnp.sum(g * y, axis=ax, keepdims=True)), 0)
+
+
 @lowering(aten._log_softmax_backward_data.default)
 def log_softmax_backward(grad_output, output, dim, input_dtype):
     g, y = upcast(grad_output), upcast(output)
