@@ -254,6 +254,23 @@ def test_cdist(p, rows, mode):
         run_both(lambda a, b: torch.cdist(a, b, p, compute_mode=mode), x1, x2, grad=p != 0, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "shape1,shape2",
+    [((0, 4, 5), (3, 5)), ((2, 0, 4, 5), (3, 5)), ((3, 5), (0, 4, 5)), ((2, 0, 5), (2, 3, 5)), ((4, 5), (2, 3, 5))],
+)
+def test_cdist_backward_over_empty_or_broadcast_batches(shape1, shape2):
+    """PyTorch's test_ops_gradients sample: the other input's batch broadcast,
+    or nothing to differentiate. CPU's kernel returns zeros of ``x1``'s own
+    shape when there are no distances (the lowering broadcast it and failed)."""
+    x1 = torch.randn(shape1, dtype=torch.float64, requires_grad=True)
+    x2 = torch.randn(shape2, dtype=torch.float64, requires_grad=True)
+    with no_fallback():
+        run_both(torch.cdist, x1, x2, grad=True)
+        dist = torch.cdist(x1, x2).detach()
+        grad = torch.randn(dist.shape, dtype=torch.float64)
+        run_both(lambda g, a, b, d: torch.ops.aten._cdist_backward(g, a, b, 2.0, d), grad, x1.detach(), x2.detach(), dist)
+
+
 # -- rrelu ---------------------------------------------------------------------------
 
 

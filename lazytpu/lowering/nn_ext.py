@@ -171,7 +171,11 @@ def cdist_forward(x1, x2, p, compute_mode=None):
 
 @lowering(aten._cdist_backward.default)
 def cdist_backward(grad, x1, x2, p, dist):
-    """The gradient for ``x1`` (torch's formulas: zero where a distance is zero)."""
+    """The gradient for ``x1`` (torch's formulas: zero where a distance is zero),
+    over the broadcast batch; with no distances at all (an empty row count,
+    feature count or batch), zeros of ``x1``'s own shape, as CPU's kernel."""
+    if 0 in grad.shape or x1.shape[-1] == 0:
+        return jnp.zeros_like(x1)
     diff = x1[..., :, None, :] - x2[..., None, :, :]
     g, r = grad[..., None], dist[..., None]
     safe = jnp.where(r == 0, 1, r)
