@@ -268,7 +268,8 @@ def test_cdist_backward_over_empty_or_broadcast_batches(shape1, shape2):
         run_both(torch.cdist, x1, x2, grad=True)
         dist = torch.cdist(x1, x2).detach()
         grad = torch.randn(dist.shape, dtype=torch.float64)
-        run_both(lambda g, a, b, d: torch.ops.aten._cdist_backward(g, a, b, 2.0, d), grad, x1.detach(), x2.detach(), dist)
+        backward = torch.ops.aten._cdist_backward
+        run_both(lambda g, a, b, d: backward(g, a, b, 2.0, d), grad, x1.detach(), x2.detach(), dist)
 
 
 # -- rrelu ---------------------------------------------------------------------------
