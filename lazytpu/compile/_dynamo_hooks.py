@@ -8,7 +8,11 @@ tensors, installed together right after ``torch._dynamo`` is imported
    opaque Python object, so every op on it would be a graph break. A
    ``LazyTensor`` is a device tensor to tracing (its dispatch is the device's
    kernels, not a tensor-like protocol), so ``VariableBuilder`` wraps it as a
-   plain tensor: fake tensors on ``tpu`` in the graph, TENSOR_MATCH guards.
+   plain tensor: fake tensors on ``tpu`` in the graph, TENSOR_MATCH guards,
+   and no subclass type (``infer_subclass_type``), so it is a
+   ``TensorVariable``, not a ``TensorWithTFOverrideVariable``: ``torch.cond``
+   takes only the former as its predicate (eager ``torch.cond`` compiles
+   itself, Note [Higher-order operators]).
 2. AOTAutograd expects the tangents of the backward to be plain tensors (the
    forward's fake outputs were); a ``LazyTensor`` tangent is one, so it says
    so with ``__coerce_same_metadata_as_tangent__``.
@@ -87,6 +91,7 @@ def install() -> None:
     from torch._dynamo.backends.registry import register_backend
     from torch._dynamo.variables import builder
 
+    from lazytpu.frontend.routes.higher_order import register_dense_kernels
     from lazytpu.frontend.tensor import LazyTensor
 
     wrap = builder.VariableBuilder._wrap
@@ -97,7 +102,14 @@ def install() -> None:
         return wrap(self, value)
 
     builder.VariableBuilder._wrap = _wrap
+    infer = builder.infer_subclass_type
+
+    def _infer_subclass_type(value):
+        return None if type(value) is LazyTensor else infer(value)
+
+    builder.infer_subclass_type = _infer_subclass_type
     LazyTensor.__coerce_same_metadata_as_tangent__ = _coerce_same_metadata_as_tangent
+    register_dense_kernels()  # the HOPs of torch's modules imported since (Note [Higher-order operators])
     for package in _skipped_modules():
         trace_rules.add(package)
     for name in _BACKEND_NAMES:

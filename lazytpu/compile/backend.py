@@ -22,7 +22,9 @@ import warnings
 
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table
+from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode as _ALIAS_CHECKER
 from torch._functorch.aot_autograd import aot_module_simplified
+from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode
 
 from lazytpu import _caches, _config
 from lazytpu.compile.fx_lowering import GraphProgram
@@ -88,7 +90,14 @@ class _Eager:
     def __call__(self, args: list):
         values = list(args)
         args.clear()
-        return self.gm(*values)
+        if not isinstance(_get_current_dispatch_mode(), _ALIAS_CHECKER):
+            return self.gm(*values)
+        # AOTAutograd's first run of a graph checks custom ops' aliasing under a
+        # mode that declines every tpu tensor, and a higher-order op (a
+        # ``torch.cond`` left in the graph) returns its ``NotImplemented`` as the
+        # op's result (torch's HOP dispatch); it checks nothing here, so it is off
+        with _disable_current_modes():
+            return self.gm(*values)
 
 
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs, *, name: str, frame):

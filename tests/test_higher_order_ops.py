@@ -1,0 +1,106 @@
+"""Higher-order operators (``torch.cond``, ``while_loop``, ``scan``, ``map``,
+...) on ``tpu`` tensors run as on CPU: their dense kernels call the functions,
+whose ops are recorded (Note [Higher-order operators])."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import pytest
+import torch
+from conftest import assert_close, no_fallback, programs_run, run_both, to_cpu, to_tpu
+from torch._higher_order_ops import while_loop
+from torch.testing._internal.hop_db import hop_db
+
+
+def _cond(x):
+    return torch.cond(x.sum() > 0, lambda x: x.sin() * 2, lambda x: x.cos() - 1, (x,))
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_cond_takes_the_branch_cpu_takes_with_gradients(sign):
+    x = (torch.rand(4, 3, dtype=torch.float64) + 0.1) * sign
+    with no_fallback():
+        run_both(_cond, x.requires_grad_(), grad=True)
+
+
+def test_cond_branch_fuses_with_the_ops_around_it():
+    x = torch.randn(8).to("tpu")
+
+    def step():
+        (_cond(x * 3) + 1).sum().item()
+
+    step()
+    # the predicate's read is one program, the branch and the rest another
+    assert programs_run(step) == 2
+
+
+def test_cond_inside_a_compiled_function_runs_its_graph_op_by_op():
+    """No lowering for ``cond`` in a compiled graph: the graph runs as eager
+    does; AOTAutograd's first run (its custom-op alias checker declines tpu
+    tensors) returned ``NotImplemented`` as the op's result."""
+
+    def fn(x, w):
+        return torch.cond(x.sum() > 0, lambda x, w: (x * w).sin(), lambda x, w: (x + w).cos(), (x, w)).sum()
+
+    compiled = torch.compile(fn, backend="tpu")
+    for sign in (1.0, -1.0, 1.0):
+        x, w = torch.rand(4, dtype=torch.float64) * sign, torch.randn(4, dtype=torch.float64, requires_grad=True)
+        expected = fn(x, w)
+        expected.backward()
+        w_tpu = to_tpu(w)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "lazytpu.compile: the .* graph has no lowering for cond")
+            actual = compiled(to_tpu(x), w_tpu)
+            actual.backward()
+        assert_close(actual.detach().cpu(), expected)
+        assert_close(w_tpu.grad.cpu(), w.grad)
+
+
+def test_while_loop_reads_its_condition_each_iteration():
+    def fn(x):
+        return while_loop(lambda i, a: (i < 4) & (a.sum() < 100), lambda i, a: (i + 1, a * 2 + 1), (x.new_zeros(()), x))
+
+    with no_fallback():
+        run_both(fn, torch.tensor([1.0, 2.0, 3.0]))
+
+
+def test_scan_and_map():
+    def fn(init, xs):
+        carry, ys = torch._higher_order_ops.scan(lambda c, x: (c + x, (c * x).tanh()), init, xs)
+        mapped = torch._higher_order_ops.map(lambda x, y: x * y + 1, xs, init)
+        return carry, ys, mapped
+
+    with no_fallback():
+        run_both(fn, torch.randn(3), torch.randn(5, 3))
+
+
+# torch refuses tpu itself, before the HOP runs: its own error, as on any device it does not list
+REFUSED = {
+    "flex_attention": (ValueError, "FlexAttention is only supported on CUDA, CPU, HPU, or MPS devices"),
+    "inline_asm_elementwise": (RuntimeError, "inline_asm_elementwise only supports CUDA tensors"),
+}
+
+
+@pytest.mark.parametrize("op", hop_db, ids=lambda op: f"{op.name}.{op.variant_test_name}")
+def test_hop_db_samples_match_cpu(op):
+    """PyTorch's OpInfo entries of its HOPs (torch.testing._internal.hop_db);
+    inputs an op writes in place are compared after the call too.
+    ``auto_functionalize`` calls a custom op of PyTorch's test library that
+    has a CPU kernel only: that op runs on CPU, as any such user op does."""
+    guard = contextlib.nullcontext if op.name == "auto_functionalize" else no_fallback
+    requires_grad = op.name == "register_hook"  # it registers a hook on its input
+    for sample in list(op.sample_inputs("cpu", torch.float32, requires_grad=requires_grad))[:3]:
+        args = (sample.input, *sample.args)
+        tpu_args = [to_tpu(a) for a in args]
+        if op.name in REFUSED:
+            error, message = REFUSED[op.name]
+            with pytest.raises(error, match=message):
+                op(*tpu_args, **sample.kwargs)
+            continue
+        expected = op(*args, **sample.kwargs)
+        with guard():
+            actual = op(*tpu_args, **sample.kwargs)
+        assert_close(to_cpu(actual), to_cpu(expected))
+        assert_close(to_cpu(tpu_args), to_cpu(args))
