@@ -13,6 +13,8 @@ from conftest import assert_close, no_fallback, programs_run, run_both, to_cpu, 
 from torch._higher_order_ops import while_loop
 from torch.testing._internal.hop_db import hop_db
 
+import lazytpu
+
 
 def _cond(x):
     return torch.cond(x.sum() > 0, lambda x: x.sin() * 2, lambda x: x.cos() - 1, (x,))
@@ -36,26 +38,67 @@ def test_cond_branch_fuses_with_the_ops_around_it():
     assert programs_run(step) == 2
 
 
-def test_cond_inside_a_compiled_function_runs_its_graph_op_by_op():
-    """No lowering for ``cond`` in a compiled graph: the graph runs as eager
-    does; AOTAutograd's first run (its custom-op alias checker declines tpu
-    tensors) returned ``NotImplemented`` as the op's result."""
+def _compiled_cond(x, w):
+    def on_true(x, w):
+        return torch.cond(w.sum() > 0, lambda x, w: (x * w).sin(), lambda x, w: x - w, (x, w)) * 2
 
-    def fn(x, w):
-        return torch.cond(x.sum() > 0, lambda x, w: (x * w).sin(), lambda x, w: (x + w).cos(), (x, w)).sum()
+    return (torch.cond(x.sum() > 0, lambda x, w: on_true(x, w), lambda x, w: (x + w).cos(), (x, w)) + 1).sum()
 
-    compiled = torch.compile(fn, backend="tpu")
-    for sign in (1.0, -1.0, 1.0):
-        x, w = torch.rand(4, dtype=torch.float64) * sign, torch.randn(4, dtype=torch.float64, requires_grad=True)
-        expected = fn(x, w)
+
+def test_cond_in_a_compiled_function_is_one_program_with_both_branches():
+    """``lax.cond`` of the branches (Note [Control flow]) (a nested ``cond``
+    too), forward and backward, no read of the predicate, no recompile when
+    the other branch is taken."""
+    compiled = torch.compile(_compiled_cond, backend="tpu")
+    compiles = []
+    for sign, w_sign in ((1.0, 1.0), (1.0, 1.0), (-1.0, 1.0), (1.0, -1.0), (-1.0, -1.0)):  # two to warm up
+        x = torch.rand(4, dtype=torch.float64) * sign
+        w = (torch.rand(4, dtype=torch.float64) * w_sign).requires_grad_()
+        expected = _compiled_cond(x, w)
         expected.backward()
         w_tpu = to_tpu(w)
+        before = lazytpu.metrics.snapshot()
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "lazytpu.compile: the .* graph has no lowering for cond")
+            warnings.simplefilter("error")  # nothing runs op by op
             actual = compiled(to_tpu(x), w_tpu)
             actual.backward()
         assert_close(actual.detach().cpu(), expected)
         assert_close(w_tpu.grad.cpu(), w.grad)
+        after = lazytpu.metrics.snapshot()
+        compiles.append(after["programs_compiled"] - before["programs_compiled"])
+        assert after["syncs"].get("item", 0) == before["syncs"].get("item", 0)  # the predicates stay on the device
+    assert compiles[2:] == [0, 0, 0]
+
+
+def test_while_loop_in_a_compiled_function_loops_on_the_device():
+    def fn(x, k):
+        start = torch.zeros((), dtype=torch.int64, device=x.device)
+        return while_loop(lambda i, a: (i < 6) & (a.sum() < 100), lambda i, a: (i + 1, a * k + 1), (start, x))
+
+    compiled = torch.compile(fn, backend="tpu")
+    for scale in (1.0, 1.0, 20.0, 0.01):  # stops at the sum, then at the count
+        x, k = torch.rand(4, dtype=torch.float64) * scale, torch.tensor(2.0, dtype=torch.float64)
+        before = lazytpu.metrics.snapshot()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nothing runs op by op
+            actual = compiled(to_tpu(x), to_tpu(k))
+        after = lazytpu.metrics.snapshot()
+        assert after["syncs"].get("item", 0) == before["syncs"].get("item", 0)
+        assert_close(to_cpu(actual), fn(x, k))
+
+
+def test_cond_with_a_random_branch_in_a_compiled_function_runs_op_by_op():
+    """A branch a random op draws in stays eager (the graph runs op by op,
+    Note [Graphs that cannot lower]) and takes CPU's branch."""
+
+    def fn(x):
+        return torch.cond(x.sum() > 0, lambda x: x + torch.rand_like(x) * 0, lambda x: x * 2, (x,))
+
+    compiled = torch.compile(fn, backend="tpu")
+    with pytest.warns(UserWarning, match="random op .* in a cond function"):
+        for sign in (1.0, -1.0):
+            x = torch.rand(4) * sign
+            assert_close(compiled(x.to("tpu")).cpu(), fn(x))
 
 
 def test_while_loop_reads_its_condition_each_iteration():

@@ -22,7 +22,6 @@ import warnings
 
 import torch
 from torch._decomp import core_aten_decompositions, decomposition_table
-from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode as _ALIAS_CHECKER
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode
 
@@ -77,6 +76,13 @@ def _frame_id():
     return None if compile_id is None else compile_id.frame_id
 
 
+def _alias_checker() -> type:
+    # imported when used: before torch._dynamo has loaded, this module is in an import cycle of torch's
+    from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode
+
+    return _AnalyzeCustomOpInputOutputMode
+
+
 class _Eager:
     """An FX graph run op by op through lazytpu's dispatcher (Note [Graphs
     that cannot lower])."""
@@ -90,7 +96,8 @@ class _Eager:
     def __call__(self, args: list):
         values = list(args)
         args.clear()
-        if not isinstance(_get_current_dispatch_mode(), _ALIAS_CHECKER):
+        mode = _get_current_dispatch_mode()
+        if mode is None or not isinstance(mode, _alias_checker()):
             return self.gm(*values)
         # AOTAutograd's first run of a graph checks custom ops' aliasing under a
         # mode that declines every tpu tensor, and a higher-order op (a

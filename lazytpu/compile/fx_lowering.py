@@ -34,15 +34,17 @@ from __future__ import annotations
 import functools
 import math
 
+import jax
 import jax.numpy as jnp
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 from torch.autograd.graph import increment_version
+from torch.fx import GraphModule
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from lazytpu import _dtypes
 from lazytpu.compile.explain import observe_compile
-from lazytpu.compile.graph_rules import ALIASES, GRAPH_RULES, is_view_node, lowerable
+from lazytpu.compile.graph_rules import ALIASES, COND, CONTROL_FLOW, GRAPH_RULES, is_view_node, lowerable
 from lazytpu.compile.host_nodes import host_function, host_nodes, on_cpu
 from lazytpu.engine import RNG_AVAL, STEPS_DUE, context, run_due_steps
 from lazytpu.frontend import hostio
@@ -188,7 +190,8 @@ class GraphProgram:
         nodes = list(gm.graph.nodes)
         self.placeholders = [n for n in nodes if n.op == "placeholder"]
         self.placeholder_metas = [n.meta.get("val") for n in self.placeholders]
-        attrs = [n for n in nodes if n.op == "get_attr"]
+        # a ``cond``'s branches are graphs of their own, lowered into its step
+        attrs = [n for n in nodes if n.op == "get_attr" and not isinstance(_get_attr(gm, n.target), GraphModule)]
         self.constants = [_get_attr(gm, n.target) for n in attrs]
         self.symbolic = any(_symbolic(m) for m in self.placeholder_metas)
         graph_inputs = self.graph_inputs = self.placeholders + attrs
@@ -207,7 +210,7 @@ class GraphProgram:
                     if not (isinstance(dst, torch.fx.Node) and dst.op == "placeholder"):
                         raise GraphLoweringError(f"lazytpu.compile: FX node {node.name!r} writes {dst}, not an input")
                     mutations.append(node)
-                self.steps.append(self._call_step(node))
+                self.steps.append(self._call_step(node, gm))
             elif node.op == "output":
                 self._outputs(node, host)
             elif node.op not in ("placeholder", "get_attr"):
@@ -238,7 +241,12 @@ class GraphProgram:
         self.plans: dict = {}  # call signature -> _CallPlan
         self._last: tuple | None = None  # (signature, plan) of the last call: steady state's lookup
 
-    def _call_step(self, node) -> _Step:
+    def _call_step(self, node, gm) -> _Step:
+        if node.target in CONTROL_FLOW:  # Note [Control flow] in graph_rules
+            graphs, values = CONTROL_FLOW[node.target](*node.args)
+            template, slots = flatten(values, {}, _pick_node)
+            branches = tuple(self._branch(_get_attr(gm, g.target)) for g in graphs)
+            return _Step(node, "cond" if node.target is COND else "while", branches, template, tuple(slots))
         template, slots = flatten(node.args, node.kwargs, _pick_node)
         rule = GRAPH_RULES.get(node.target)
         if rule is not None:
@@ -252,6 +260,17 @@ class GraphProgram:
             self.random = True
             template = Template(template.args + (Slot(len(slots)),), template.kwargs)
         return _Step(node, "op", op, template, tuple(slots), metas, layout, random)
+
+    def _branch(self, gm) -> tuple:
+        """(placeholders, steps, outputs) of a ``cond``'s branch or a ``while_loop``'s function."""
+        nodes = list(gm.graph.nodes)
+        steps = [self._call_step(n, gm) for n in nodes if n.op == "call_function"]
+        out = nodes[-1].args[0]
+        return (
+            [n for n in nodes if n.op == "placeholder"],
+            steps,
+            tuple(out) if isinstance(out, (list, tuple)) else (out,),
+        )
 
     def _outputs(self, node, host: set) -> None:
         """Plan how each graph output is returned (Note [Graph outputs])."""
@@ -296,7 +315,7 @@ class GraphProgram:
     def make_fn(self, parts: tuple, bindings: dict):
         """The JAX function of this graph for inputs of signature ``parts``
         (and, in a dynamic graph, sizes ``bindings``)."""
-        steps, feeds, program_outputs, name = self.steps, self.feeds, self.program_outputs, self.name
+        steps, feeds, program_outputs = self.steps, self.feeds, self.program_outputs
 
         def run(*inputs):
             env, cursor = {}, 0
@@ -313,33 +332,68 @@ class GraphProgram:
                     x = jnp.asarray(x, _dtypes.to_jax(part[1]))
                 env[node] = x
             key = inputs[cursor] if cursor < len(inputs) else None
-            for step in steps:
-                args = [env[n] for n in step.slots]
-                try:
-                    if step.kind == "graph":
-                        call_args, call_kwargs = fill(step.template, args)
-                        env[step.node] = step.fn(step.node.target, *call_args, **call_kwargs)
-                        continue
-                    avals = tuple(_aval(m, bindings) for m in step.metas)
-                    if step.random:
-                        args.append(key)
-                        avals += (RNG_AVAL,)
-                    results = apply_op(step.fn, step.template, args, avals)
-                except Exception as exc:
-                    raise GraphLoweringError(
-                        f"lazytpu.compile: lowering {step.node.target} (FX node {step.node.name!r} of the "
-                        f"{name} graph) failed: {exc}"
-                    ) from exc
-                if step.random:
-                    key, results = results[-1], results[:-1]
-                if step.layout is None:
-                    env[step.node] = results[0]
-                else:
-                    env[step.node] = tuple(results[e] if type(e) is int else e[1] for e in step.layout)
+            key = self._run(steps, env, key, bindings)
             outs = tuple(env[n] for n in program_outputs)
             return outs + (key,) if key is not None else outs
 
         return run
+
+    def _run(self, steps, env: dict, key, bindings: dict):
+        """Compute ``steps`` into ``env``; returns the PRNG key after them."""
+        for step in steps:
+            args = [env[n] for n in step.slots]
+            try:
+                if step.kind == "cond":
+                    (pred, operands), _ = fill(step.template, args)
+                    env[step.node] = self._cond(step.fn, pred, operands, bindings)
+                    continue
+                if step.kind == "while":
+                    (carried, extra), _ = fill(step.template, args)
+                    env[step.node] = self._while(step.fn, carried, extra, bindings)
+                    continue
+                if step.kind == "graph":
+                    call_args, call_kwargs = fill(step.template, args)
+                    env[step.node] = step.fn(step.node.target, *call_args, **call_kwargs)
+                    continue
+                avals = tuple(_aval(m, bindings) for m in step.metas)
+                if step.random:
+                    args.append(key)
+                    avals += (RNG_AVAL,)
+                results = apply_op(step.fn, step.template, args, avals)
+            except Exception as exc:
+                raise GraphLoweringError(
+                    f"lazytpu.compile: lowering {step.node.target} (FX node {step.node.name!r} of the "
+                    f"{self.name} graph) failed: {exc}"
+                ) from exc
+            if step.random:
+                key, results = results[-1], results[:-1]
+            if step.layout is None:
+                env[step.node] = results[0]
+            else:
+                env[step.node] = tuple(results[e] if type(e) is int else e[1] for e in step.layout)
+        return key
+
+    def _cond(self, branches, pred, operands, bindings: dict):
+        """A ``cond`` as ``lax.cond`` of its branches (one of them for a constant predicate)."""
+        fns = [functools.partial(self._call_branch, branch, bindings) for branch in branches]
+        if isinstance(pred, (bool, int)):
+            return fns[0 if pred else 1](*operands)
+        return jax.lax.cond(jnp.reshape(pred, ()).astype(bool), *fns, *operands)
+
+    def _while(self, fns, carried, extra, bindings: dict) -> tuple:
+        """A ``while_loop`` as ``lax.while_loop``; ``extra``: the functions' other inputs."""
+        cond_fn, body_fn = fns
+
+        def cond(carry):
+            return jnp.reshape(self._call_branch(cond_fn, bindings, *carry, *extra)[0], ()).astype(bool)
+
+        return jax.lax.while_loop(cond, lambda carry: self._call_branch(body_fn, bindings, *carry, *extra), carried)
+
+    def _call_branch(self, branch, bindings: dict, *operands) -> tuple:
+        placeholders, steps, outputs = branch
+        env = dict(zip(placeholders, operands))
+        self._run(steps, env, None, bindings)
+        return tuple(env[o] for o in outputs)
 
     # -- calling -----------------------------------------------------------
 

@@ -11,10 +11,22 @@ Note [FX node resolution]: a ``call_function`` node resolves, in order, to
 3. for a view op (functional in an AOTAutograd graph): its ``*_copy`` rule.
 
 Any other node is reported by ``missing_ops`` before anything is compiled.
+
+Note [Control flow]: ``torch.cond`` in a compiled function stays one node of
+AOTAutograd's graphs (its forward and, for gradients, its backward), whose
+branches are graphs of their own. It lowers to ``lax.cond`` of the branches,
+each lowered as a graph is, so the program holds both and picks one on the
+device: nothing is read, unlike eager ``torch.cond`` (Note [Higher-order
+operators]), and the graph stays one program. ``while_loop`` (forward only,
+as in torch) lowers to ``lax.while_loop`` of its condition and body the same
+way. One whose values are not all device tensors, or whose functions hold
+an op with no lowering or a random op, is reported by ``missing_ops`` (the
+graph then runs op by op, Note [Graphs that cannot lower]).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 
@@ -27,6 +39,15 @@ from lazytpu.lowering import get_rule
 from lazytpu.lowering.casts import convert
 
 aten = torch.ops.aten
+COND = torch.ops.higher_order.cond
+# control-flow op -> fn(*node.args) -> (its graphs, (its device values, as groups))
+CONTROL_FLOW = {
+    COND: lambda pred, on_true, on_false, operands: ((on_true, on_false), (pred, tuple(operands))),
+    torch.ops.higher_order.while_loop: lambda cond, body, carried, extra: (
+        (cond, body),
+        (tuple(carried), tuple(extra)),
+    ),
+}
 
 
 # -- graph rules (Note [FX node resolution], step 1) ---------------------------
@@ -90,12 +111,36 @@ def lowerable(op):
     return _LOWERABLE[op]
 
 
+def _on_device(x) -> bool:
+    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.device.type != "cpu"
+
+
+def _control_flow_missing(gm: torch.fx.GraphModule, node) -> list[tuple[str, str]]:
+    """What keeps a ``cond`` or ``while_loop`` node from lowering (Note [Control flow])."""
+    graphs, groups = CONTROL_FLOW[node.target](*node.args)
+    values = [v for group in groups for v in (group if isinstance(group, tuple) else (group,))]
+    if not all(_on_device(v) or (node.target is COND and isinstance(v, bool)) for v in values):
+        return [(f"{node.target.name()} of values not on the device", node.name)]
+    out = []
+    for branch in graphs:
+        sub = functools.reduce(getattr, branch.target.split("."), gm)
+        out += missing_ops(sub)
+        for n in sub.graph.nodes:
+            op = lowerable(n.target) if n.op == "call_function" and n.target not in GRAPH_RULES else None
+            if op is not None and get_rule(op).random:
+                out.append((f"random op {n.target} in a {node.target.name()} function", n.name))
+    return out
+
+
 def missing_ops(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:
     """(op, FX node name) of every node with no way to lower it."""
     out = []
     for node in gm.graph.nodes:
         if node.op == "call_function":
-            if node.target not in GRAPH_RULES and lowerable(node.target) is None:
+            if node.target in CONTROL_FLOW:
+                out += _control_flow_missing(gm, node)
+            elif node.target not in GRAPH_RULES and lowerable(node.target) is None:
                 out.append((str(node.target), node.name))
         elif node.op not in ("placeholder", "get_attr", "output"):
             out.append((f"{node.op} {node.target}", node.name))

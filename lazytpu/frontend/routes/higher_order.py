@@ -15,8 +15,9 @@ torch's imported after lazytpu) get the rule when ``torch._dynamo`` loads,
 since eager ``torch.cond`` and friends compile themselves with dynamo first
 (``_hop_compile_and_call``).
 
-A ``torch.cond`` inside a ``torch.compile``d function has no lowering
-(Note [Graphs that cannot lower]): its graph runs op by op, this rule included.
+A ``torch.cond`` inside a ``torch.compile``d function is lowered with its
+graph instead, reading nothing (Note [Control flow] in lazytpu.compile.graph_rules); a
+graph that cannot lower runs op by op, this rule included.
 """
 
 from __future__ import annotations
