@@ -45,6 +45,14 @@ CASES = {
     ),
     "rot90": (lambda x: [torch.rot90(x, k, (2, 0)) for k in (-1, 0, 2, 3)], lambda: (_x(2, 3, 4),)),
     "unfold": (lambda x: x.unfold(1, 3, 2) * 2, lambda: (_x(2, 7, 2),)),
+    # CPU broadcasts the gradient in the other dims and reads only its own windows (torch._refs.istft)
+    "unfold_backward_broadcast": (
+        lambda g: [
+            torch.ops.aten.unfold_backward(g, [10, 15], 1, 10, 1),
+            torch.ops.aten.unfold_backward(g[0, :, None, :4], [6, 9], 1, 4, 2),
+        ],
+        lambda: (_x(1, 6, 10),),
+    ),
     "masked_scatter": (
         lambda x, m, s: x.masked_scatter(m, s),
         lambda: (_x(3, 4), torch.tensor([True, False, True, True]), _x(4, 4)),

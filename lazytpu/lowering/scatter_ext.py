@@ -100,9 +100,16 @@ def unfold_copy(x, dimension, size, step):
 
 @lowering(aten.unfold_backward)
 def unfold_backward(grad, input_sizes, dim, size, step):
+    """As CPU's kernel: ``grad`` broadcasts to the windows' shape in the other
+    dims (``torch._refs.istft`` passes one row of windows for all rows), and
+    holds its own count of windows in ``dim`` (the missing ones count zero)."""
     zeros = jnp.zeros(tuple(input_sizes), grad.dtype)
-    _, vjp = jax.vjp(lambda x: _unfold(x, dim, size, step), zeros)
-    return vjp(grad)[0]
+    windows, vjp = jax.vjp(lambda x: _unfold(x, dim, size, step), zeros)
+    dim = dim % max(len(input_sizes), 1)
+    if grad.ndim == windows.ndim and grad.shape[dim] < windows.shape[dim]:
+        missing = windows.shape[dim] - grad.shape[dim]
+        grad = jnp.pad(grad, [(0, missing if d == dim else 0) for d in range(grad.ndim)])
+    return vjp(jnp.broadcast_to(grad, windows.shape))[0]
 
 
 # -- masked scatter ------------------------------------------------------------------
