@@ -315,3 +315,22 @@ def test_made_like_a_tpu_tensor_on_another_device(name, device):
     )
     if device == "cpu" and name not in ("empty_like", "new_empty_strided"):
         assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("op", ["add", "batch_norm_out"])
+def test_an_out_tensor_on_the_cpu_is_refused_with_tpu_inputs(op):
+    """torch's error, and the out tensor untouched, for ops with a lowering
+    and for those that run on CPU (which accepted it: test_ops' test_out)."""
+    x = torch.randn(5, 5, 5, device="tpu")
+    stats = [torch.rand(5, device="tpu") + 0.5 for _ in range(4)]
+    outs = [torch.zeros(5, 5, 5), torch.zeros(5), torch.zeros(5)]
+    with pytest.raises(RuntimeError, match="Expected out tensor to be on tpu, but found it on cpu"):
+        if op == "add":
+            torch.add(x, 1, out=outs[0])
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # runs on CPU
+                torch.ops.aten._native_batch_norm_legit.out(
+                    x, *stats, True, 0.5, 0.6, out=outs[0], save_mean=outs[1], save_invstd=outs[2]
+                )
+    assert all(not o.any() for o in outs)

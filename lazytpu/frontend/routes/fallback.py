@@ -73,6 +73,7 @@ def cpu_fallback(func, args, kwargs, *, data_dependent: bool = False):
         if name not in _WARNED:
             _WARNED.add(name)
             warnings.warn(f"lazytpu: {name} has no lowering; it runs on CPU (slower, splits the program)", stacklevel=3)
+    _check_out_devices(func, args, kwargs)
     lazies: list[LazyTensor] = []
     resized = {id(v) for v in _written(func, args, kwargs)}
 
@@ -107,6 +108,18 @@ def cpu_fallback(func, args, kwargs, *, data_dependent: bool = False):
         return new_tensor(hostio.data_from_cpu(x, index), x.shape, contiguous_strides(x.shape), x.dtype, index)
 
     return map_tensors(out, torch.Tensor, back)
+
+
+def _check_out_devices(func, args, kwargs) -> None:
+    """An ``out=`` tensor off the device of tpu inputs: torch's error (out= ops
+    with a lowering check it in ``run_out``); the CPU run would accept it."""
+    outs = [kwargs[a.name] for a in func._schema.arguments if a.kwarg_only and a.is_out and a.name in kwargs]
+    if not outs or not any(isinstance(a, LazyTensor) for a in args):
+        return
+    for out in outs:
+        for dst in out if isinstance(out, (list, tuple)) else [out]:
+            if isinstance(dst, torch.Tensor) and type(dst) is not LazyTensor:
+                raise RuntimeError(f"Expected out tensor to be on tpu, but found it on {dst.device}")
 
 
 def _written(func, args, kwargs) -> list:
