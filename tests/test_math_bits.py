@@ -84,7 +84,22 @@ def _prims_views(d):
     return [x, conj, imag, real, strided, torch._refs.conj(x), torch._refs.imag(x.conj())]
 
 
+def _in_place_metadata_changes_keep_the_bits(d):
+    """In-place views, ``set_`` and ``resize_`` change sizes, strides or storage
+    only (PyTorch's test_ops TestMathBits: as_strided_ dropped the bits)."""
+    x = _z(d)
+    views = [x.conj(), x.conj()._neg_view(), x[:1].conj(), x.conj(), x.conj(), x.conj()]
+    views[0].as_strided_((2, 3), (1, 2), 1)
+    views[1].t_()
+    views[2].squeeze_(0).unsqueeze_(1)
+    views[3].transpose_(0, 1).mul_(2)  # written through to x
+    views[4].set_(_z(d)[1])
+    views[5].resize_(2, 2)
+    return [x, *views]
+
+
 CASES = [
+    _in_place_metadata_changes_keep_the_bits,
     _prims_views,
     _base_write_seen_by_conj,
     _write_through_conj,

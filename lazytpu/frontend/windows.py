@@ -13,7 +13,7 @@ import torch
 
 from lazytpu import _caches
 from lazytpu.engine import context
-from lazytpu.frontend.tensor import CONJ, NEG, LazyTensor, TensorDesc, describe
+from lazytpu.frontend.tensor import CONJ, NEG, LazyTensor, TensorDesc, describe, with_math_bits
 from lazytpu.ir import Node, Output, Scalar, Storage
 from lazytpu.ir.node import op_sig
 from lazytpu.ir.template import Slot, Template
@@ -151,10 +151,15 @@ def write_value(t: LazyTensor, value, graph=None) -> None:
 
 def rebind_metadata(t: LazyTensor, fresh: LazyTensor) -> None:
     """Give ``t`` the size, strides, offset and storage of ``fresh`` (for
-    ``resize_``, ``set_`` and in-place view ops such as ``t_``)."""
+    ``resize_``, ``set_`` and in-place view ops such as ``t_``). Its conjugate
+    and negative bits stay (Note [Math bits]), as CPU's metadata-only change
+    keeps them (``.data =`` takes ``fresh``'s, which a new view has not)."""
+    bits = t._lt_bits
     with torch.no_grad():
         t.data = fresh
     t._lt_storage = fresh._lt_storage
     t._lt_desc = fresh._lt_desc
     t._lt_windowed = fresh._lt_windowed
     t._lt_cache = None
+    if bits:
+        with_math_bits(t, bits)
