@@ -5,6 +5,7 @@ whose ops are recorded (Note [Higher-order operators])."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 
 import pytest
@@ -117,6 +118,46 @@ def test_scan_and_map():
 
     with no_fallback():
         run_both(fn, torch.randn(3), torch.randn(5, 3))
+
+
+def _compiled_scan(init, xs, w, scale):
+    def combine(c, x):
+        h = c * scale + torch.tanh(x @ w)
+        return h, h.sum(-1)
+
+    carry, ys = torch._higher_order_ops.scan(combine, init, xs)
+    mapped = torch._higher_order_ops.map(lambda x, w: (x @ w).sin(), xs, w)
+    return carry.sum() + ys.pow(2).sum() + mapped.sum()
+
+
+def _backward_and_sync(fn, *args):
+    fn(*args).backward()
+    lazytpu.sync()
+
+
+def test_scan_and_map_in_a_compiled_function_are_one_program():
+    """``lax.scan`` and ``lax.map`` (Note [Control flow]), forward and backward
+    (a reversed scan and a map of their own): nothing runs op by op, one
+    program for the forward and one for the backward, gradients as CPU's."""
+    compiled = torch.compile(_compiled_scan, backend="tpu")
+    gen = torch.Generator().manual_seed(0)
+    for length in (5, 5, 1):  # a scan of one step too
+        init, xs, w = (torch.randn(s, generator=gen, dtype=torch.float64) for s in ((3, 4), (length, 3, 4), (4, 4)))
+        scale = torch.tensor(0.5, dtype=torch.float64)  # a 0-d carry coefficient
+        inputs = [t.requires_grad_() for t in (init, xs, w)]
+        expected = _compiled_scan(*inputs, scale)
+        expected.backward()
+        on_tpu = [to_tpu(t) for t in inputs]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nothing runs op by op
+
+            step = functools.partial(_backward_and_sync, compiled, *on_tpu, to_tpu(scale))
+            step()
+        for got, want in zip(on_tpu, inputs):
+            assert_close(got.grad.cpu(), want.grad)
+            got.grad = None
+        assert programs_run(step) == 2  # the forward's, the backward's
+        assert_close(on_tpu[0].grad.cpu(), inputs[0].grad)
 
 
 # torch refuses tpu itself, before the HOP runs: its own error, as on any device it does not list

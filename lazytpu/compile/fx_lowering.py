@@ -44,7 +44,7 @@ from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from lazytpu import _dtypes
 from lazytpu.compile.explain import observe_compile
-from lazytpu.compile.graph_rules import ALIASES, COND, CONTROL_FLOW, GRAPH_RULES, is_view_node, lowerable
+from lazytpu.compile.graph_rules import ALIASES, CONTROL_FLOW, GRAPH_RULES, is_view_node, lowerable
 from lazytpu.compile.host_nodes import host_function, host_nodes, on_cpu
 from lazytpu.engine import RNG_AVAL, STEPS_DUE, context, run_due_steps
 from lazytpu.frontend import hostio
@@ -243,10 +243,11 @@ class GraphProgram:
 
     def _call_step(self, node, gm) -> _Step:
         if node.target in CONTROL_FLOW:  # Note [Control flow] in graph_rules
-            graphs, values = CONTROL_FLOW[node.target](*node.args)
+            kind, split = CONTROL_FLOW[node.target]
+            graphs, values = split(*node.args)
             template, slots = flatten(values, {}, _pick_node)
             branches = tuple(self._branch(_get_attr(gm, g.target)) for g in graphs)
-            return _Step(node, "cond" if node.target is COND else "while", branches, template, tuple(slots))
+            return _Step(node, kind, branches, template, tuple(slots))
         template, slots = flatten(node.args, node.kwargs, _pick_node)
         rule = GRAPH_RULES.get(node.target)
         if rule is not None:
@@ -343,13 +344,10 @@ class GraphProgram:
         for step in steps:
             args = [env[n] for n in step.slots]
             try:
-                if step.kind == "cond":
-                    (pred, operands), _ = fill(step.template, args)
-                    env[step.node] = self._cond(step.fn, pred, operands, bindings)
-                    continue
-                if step.kind == "while":
-                    (carried, extra), _ = fill(step.template, args)
-                    env[step.node] = self._while(step.fn, carried, extra, bindings)
+                flow = self._CONTROL_FLOW.get(step.kind)
+                if flow is not None:
+                    values, _ = fill(step.template, args)
+                    env[step.node] = flow(self, step.fn, *values, bindings)
                     continue
                 if step.kind == "graph":
                     call_args, call_kwargs = fill(step.template, args)
@@ -388,6 +386,26 @@ class GraphProgram:
             return jnp.reshape(self._call_branch(cond_fn, bindings, *carry, *extra)[0], ()).astype(bool)
 
         return jax.lax.while_loop(cond, lambda carry: self._call_branch(body_fn, bindings, *carry, *extra), carried)
+
+    def _scan(self, fns, init, xs, extra, bindings: dict) -> tuple:
+        """A ``scan`` as ``lax.scan``: the final carry, then the combine function's other outputs, stacked."""
+        (combine,) = fns
+        n = len(init)
+
+        def step(carry, x):
+            out = self._call_branch(combine, bindings, *carry, *x, *extra)
+            # the carry keeps its types (torch checks them; a weak type of JAX's must not differ)
+            return tuple(jax.lax.convert_element_type(o, c.dtype) for o, c in zip(out[:n], carry)), out[n:]
+
+        carry, ys = jax.lax.scan(step, tuple(jnp.asarray(c) for c in init), tuple(xs))
+        return (*carry, *ys)
+
+    def _map(self, fns, xs, extra, bindings: dict) -> tuple:
+        """A ``map`` as ``lax.map``: the function's outputs for each slice of ``xs``, stacked."""
+        (fn,) = fns
+        return jax.lax.map(lambda x: self._call_branch(fn, bindings, *x, *extra), tuple(xs))
+
+    _CONTROL_FLOW = {"cond": _cond, "while": _while, "scan": _scan, "map": _map}
 
     def _call_branch(self, branch, bindings: dict, *operands) -> tuple:
         placeholders, steps, outputs = branch

@@ -19,9 +19,13 @@ each lowered as a graph is, so the program holds both and picks one on the
 device: nothing is read, unlike eager ``torch.cond`` (Note [Higher-order
 operators]), and the graph stays one program. ``while_loop`` (forward only,
 as in torch) lowers to ``lax.while_loop`` of its condition and body the same
-way. One whose values are not all device tensors, or whose functions hold
-an op with no lowering or a random op, is reported by ``missing_ops`` (the
-graph then runs op by op, Note [Graphs that cannot lower]).
+way; ``scan`` (its combine function takes the carry, one slice of each
+``xs`` along dim 0 and the additional inputs, and returns the next carry and
+the step's outputs, stacked) to ``lax.scan``, and ``map`` to ``lax.map``;
+their gradients are scans and maps of their own in the backward graph. One
+whose values are not all device tensors, or whose functions hold an op with
+no lowering or a random op, is reported by ``missing_ops`` (the graph then
+runs op by op, Note [Graphs that cannot lower]).
 """
 
 from __future__ import annotations
@@ -40,13 +44,18 @@ from lazytpu.lowering.casts import convert
 
 aten = torch.ops.aten
 COND = torch.ops.higher_order.cond
-# control-flow op -> fn(*node.args) -> (its graphs, (its device values, as groups))
+# control-flow op -> (its kind, fn(*node.args) -> (its graphs, (its device values, as groups)))
 CONTROL_FLOW = {
-    COND: lambda pred, on_true, on_false, operands: ((on_true, on_false), (pred, tuple(operands))),
-    torch.ops.higher_order.while_loop: lambda cond, body, carried, extra: (
-        (cond, body),
-        (tuple(carried), tuple(extra)),
+    COND: ("cond", lambda pred, on_true, on_false, operands: ((on_true, on_false), (pred, tuple(operands)))),
+    torch.ops.higher_order.while_loop: (
+        "while",
+        lambda cond, body, carried, extra: ((cond, body), (tuple(carried), tuple(extra))),
     ),
+    torch.ops.higher_order.scan: (
+        "scan",
+        lambda combine, init, xs, extra: ((combine,), (tuple(init), tuple(xs), tuple(extra))),
+    ),
+    torch.ops.higher_order.map_impl: ("map", lambda fn, xs, extra: ((fn,), (tuple(xs), tuple(extra)))),
 }
 
 
@@ -118,7 +127,7 @@ def _on_device(x) -> bool:
 
 def _control_flow_missing(gm: torch.fx.GraphModule, node) -> list[tuple[str, str]]:
     """What keeps a ``cond`` or ``while_loop`` node from lowering (Note [Control flow])."""
-    graphs, groups = CONTROL_FLOW[node.target](*node.args)
+    graphs, groups = CONTROL_FLOW[node.target][1](*node.args)
     values = [v for group in groups for v in (group if isinstance(group, tuple) else (group,))]
     if not all(_on_device(v) or (node.target is COND and isinstance(v, bool)) for v in values):
         return [(f"{node.target.name()} of values not on the device", node.name)]
