@@ -10,6 +10,7 @@ from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
     elementwise,
     factories,
     fft,
+    incomplete_gamma,
     indexing,
     linalg,
     linalg_solve,
