@@ -54,6 +54,7 @@ def test_dtype_error_for_inplace_matches_torch():
 
 
 @pytest.mark.filterwarnings("ignore:lazytpu.*no lowering")
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
 def test_sparse_tensors_get_a_clear_error_and_the_dense_path_works():
     """tpu tensors are strided: moving a sparse tensor, or an op that returns
     one (to_sparse, to_sparse_csr), raises NotImplementedError that says what
@@ -70,6 +71,31 @@ def test_sparse_tensors_get_a_clear_error_and_the_dense_path_works():
         x.to_sparse_csr()
     assert torch.equal(sparse.to_dense().to("tpu").cpu(), dense)
     assert torch.equal(x.cpu(), dense)
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.parametrize(
+    "layout,make",
+    [
+        (torch.sparse_csr, lambda d: d.to_sparse_csr().to("tpu")),
+        (torch.sparse_csc, lambda d: d.to_sparse_csc().to("tpu", torch.float64)),
+        (torch.sparse_bsr, lambda d: d.to_sparse_bsr((1, 1)).tpu()),
+        (torch.sparse_bsc, lambda d: d.to_sparse_bsc((1, 1)).to(device="tpu")),
+        (torch.sparse_csr, lambda d: torch.empty((2, 2), layout=torch.sparse_csr, device="tpu")),
+        (torch.sparse_coo, lambda d: torch.zeros((2, 2), layout=torch.sparse_coo, device="tpu")),
+    ],
+)
+def test_compressed_sparse_tensors_are_refused_when_moved(layout, make):
+    """torch's own .to() of a CSR/CSC/BSR/BSC tensor moves its members and
+    wraps them in C++ (Note [Sparse layouts on tpu]): it returned a tpu tensor
+    of that layout on which every op failed ("unsupported tensor layout:
+    SparseCsr"); the move itself raises now, and the CPU tensor is untouched."""
+    dense = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    with pytest.raises(NotImplementedError, match=f"a {layout} tensor cannot be made or moved to tpu"):
+        make(dense)
+    csr = dense.to_sparse_csr()
+    assert torch.equal(csr.to(torch.float64).to_dense(), dense.double())  # CPU's own conversions still run
+    assert torch.equal(csr.to_dense().to("tpu").cpu(), dense)
 
 
 @pytest.mark.filterwarnings("ignore:lazytpu.*no lowering")

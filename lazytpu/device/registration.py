@@ -27,6 +27,7 @@ from lazytpu.device.backward_errors import probe as _probe
 from lazytpu.device.backward_errors import rescue
 from lazytpu.device.module_conversion import keep_parameters
 from lazytpu.engine import context
+from lazytpu.frontend import hostio
 from lazytpu.frontend.checks import bounds
 from lazytpu.frontend.dispatch import dispatch
 from lazytpu.frontend.record import record
@@ -180,6 +181,25 @@ def _backend_fallback(op, *args, **kwargs):
     return dispatch(op, args, kwargs)
 
 
+# Note [Sparse layouts on tpu]: a tpu tensor is strided. Sparse tensors made
+# from tpu strided tensors (``to_sparse``, ``sparse_coo_tensor(i, v)``) reach
+# lazytpu's kernels and are refused there; but torch's ``.to("tpu")`` of a
+# compressed tensor (CSR, CSC, BSR, BSC) moves its members one by one and
+# wraps them in C++: it returned a ``SparseCsrtpu`` tensor on which no op ran.
+# BackendSelect sends that ``_to_copy`` (and ``torch.empty(layout=...,
+# device="tpu")``) by the result's layout and device to the sparse tpu keys,
+# where every op refuses with the one error.
+_SPARSE_KEYS = ("SparsePrivateUse1", "SparseCsrPrivateUse1")
+
+
+def _refuse_sparse(op, *args, **kwargs):
+    layout = kwargs.get("layout")
+    if layout is None:
+        tensors = (a for a in args if isinstance(a, torch.Tensor) and a.layout != torch.strided)
+        layout = next(tensors, torch.empty(0)).layout
+    raise hostio.not_strided(layout)
+
+
 _registered = []
 
 
@@ -208,6 +228,9 @@ def register() -> None:
     _registered.append(lib)  # keep the library alive
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(_backend_fallback, "PrivateUse1")
+    for key in _SPARSE_KEYS:  # Note [Sparse layouts on tpu]
+        fallback.fallback(_refuse_sparse, key)
+        lib.impl("_to_copy", lambda *args, **kwargs: _refuse_sparse(None, *args, **kwargs), key)
     _registered.append(fallback)
     _registered.extend(autocast.register())
     _registered.append(register_optimizer_step_pre_hook(_before_optimizer_step))

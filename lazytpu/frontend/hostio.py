@@ -32,14 +32,19 @@ _BITS = {
 MAX_DIMS = 64  # numpy's, so JAX's: a tpu tensor's value has at most this many dims
 
 
+def not_strided(layout: torch.layout) -> NotImplementedError:
+    """The error for a sparse (or other non-strided) tensor made on or moved to tpu."""
+    return NotImplementedError(
+        f"lazytpu: a tpu tensor is strided (dense); a {layout} tensor cannot be made or moved to tpu. "
+        "Keep it on CPU, or call .to_dense() before .to('tpu')"
+    )
+
+
 def data_from_cpu(t: torch.Tensor, index: int = 0) -> Data:
     """Copy a CPU tensor to the device."""
     t = t.detach()
     if t.layout != torch.strided:
-        raise NotImplementedError(
-            f"lazytpu: a tpu tensor is strided (dense); a {t.layout} tensor cannot be made or moved to tpu. "
-            "Keep it on CPU, or call .to_dense() before .to('tpu')"
-        )
+        raise not_strided(t.layout)
     if t.is_quantized:
         raise NotImplementedError(
             f"lazytpu: tpu has no quantized tensors ({t.dtype}); keep it on CPU, or call .dequantize() first"
