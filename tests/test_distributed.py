@@ -401,6 +401,17 @@ class _TinyTransformer:
         return Block()
 
 
+def _held() -> int:
+    """The bytes of this rank's device buffers live now."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.tpu.synchronize()
+    return torch.tpu.memory_allocated()
+
+
 def _tiny_mlp():
     import torch
 
@@ -417,6 +428,7 @@ def _check_ddp(rank, world, make, batches, loss_fn, momentum, **ddp_options):
     from torch.testing import assert_close
 
     reference = make()
+    start = _held()
     model = copy.deepcopy(reference)
     if rank != 0:  # DDP must start every rank from rank 0's parameters
         with torch.no_grad():
@@ -434,6 +446,12 @@ def _check_ddp(rank, world, make, batches, loss_fn, momentum, **ddp_options):
         ref_opt.zero_grad()
         loss_fn(reference(x), y).backward()
         ref_opt.step()
+    # Held: parameters, DDP's gradient buckets, and the gradients (views of the
+    # buckets, or tensors of their own) or SGD's momentum buffers: three times the
+    # parameters' bytes. The in-graph all-reduce donates each bucket: its old buffer
+    # is not counted once donated (it was, while anything held its deleted array).
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert _held() - start == 3 * nbytes, (_held() - start, nbytes)
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5, msg=f"parameter {name} differs")
         high, low = p.detach().clone(), p.detach().clone()

@@ -197,5 +197,7 @@ def execute(
         (key, mesh), lambda: _compile(make_fn(), args, mesh, tuple(donate), on_compile), args, blocking
     )
     local = tuple(o.addressable_data(0) for o in outs)
-    memory.of(index).track(local)  # this process's buffers (not the program's temporaries: Note [Device memory])
+    counts = memory.of(index)  # this process's buffers (not the program's temporaries: Note [Device memory])
+    counts.release(inputs[i] for i in donate)
+    counts.track(local)
     return local

@@ -168,6 +168,16 @@ class DeviceMemory:
             self._track(buffers, [b.nbytes for b in buffers] if sizes is None else sizes)
             self._raise_peak()
 
+    def release(self, buffers) -> None:
+        """Stop counting ``buffers``: inputs donated to a program run outside
+        ``ran`` (an SPMD program of ``distributed.ingraph``, which donates the
+        global arrays made over them: their weak references would keep them
+        counted while anything holds the deleted Python arrays)."""
+        with self.lock:
+            self._drain()
+            for buffer in buffers:
+                self._release(buffer)
+
     def ran(self, compiled, args, donate, outputs) -> None:
         """A program was dispatched: its peak, its donated ``args`` out, its ``outputs`` in."""
         fp = footprint(compiled)
