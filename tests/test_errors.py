@@ -9,6 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import lazytpu
+
 
 def test_broadcast_error_raised_at_the_line():
     a = torch.randn(2, 3, device="tpu")
@@ -65,10 +67,14 @@ def test_sparse_tensors_get_a_clear_error_and_the_dense_path_works():
     with pytest.raises(NotImplementedError, match="torch.sparse_coo tensor cannot be made or moved to tpu"):
         sparse.to("tpu")
     x = dense.to("tpu")
+    before = lazytpu.metrics.snapshot()["bytes_from_device"]
     with pytest.raises(NotImplementedError, match="to_dense"):
         x.to_sparse()
     with pytest.raises(NotImplementedError, match="torch.sparse_csr tensor"):
         x.to_sparse_csr()
+    with pytest.raises(NotImplementedError, match="torch.sparse_bsc tensor"):
+        x.to_sparse(layout=torch.sparse_bsc, blocksize=(1, 1))
+    assert lazytpu.metrics.snapshot()["bytes_from_device"] == before  # refused before reading x
     assert torch.equal(sparse.to_dense().to("tpu").cpu(), dense)
     assert torch.equal(x.cpu(), dense)
 

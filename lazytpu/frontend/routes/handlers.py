@@ -388,6 +388,24 @@ def layout_dims(func, args, kwargs):
     return args[0].dim() if func is aten.dense_dim.default else 0
 
 
+_SPARSE_RESULTS = {
+    aten._to_sparse.default: torch.sparse_coo,
+    aten._to_sparse.sparse_dim: torch.sparse_coo,
+    aten._to_sparse_csr.default: torch.sparse_csr,
+    aten._to_sparse_csc.default: torch.sparse_csc,
+    aten._to_sparse_bsr.default: torch.sparse_bsr,
+    aten._to_sparse_bsc.default: torch.sparse_bsc,
+}
+
+
+@handles(*_SPARSE_RESULTS)
+def to_sparse(func, args, kwargs):
+    """Refused before anything runs (Note [Sparse layouts on tpu] in
+    lazytpu.device.registration): the CPU fallback read the tensor to the host
+    and converted it, and only then refused the sparse result."""
+    raise hostio.not_strided(kwargs.get("layout") or _SPARSE_RESULTS[func])
+
+
 @handles(torch.ops.prims.conj.default)
 def prims_conj(func, args, kwargs):
     check_with_meta(func, args, kwargs)  # "Expected complex dtype in prims.conj" (Note [Prims views])
