@@ -147,6 +147,84 @@ def test_sdpa_mismatched_dtypes_raise_like_cpu():
         F.scaled_dot_product_attention(q.detach().to("tpu"), k.detach().double().to("tpu"), v.detach().to("tpu"))
 
 
+_Q4, _K4 = torch.randn(2, 2, 4, 8), torch.randn(2, 2, 3, 8)
+_CAUSAL_MASK = torch.ones(4, 3, dtype=torch.bool).tril()
+_CHECKED_CALLS = {
+    # torch's validate_sdpa_input, with its messages (dtype names as C++ prints them)
+    "query_1d": lambda d: F.scaled_dot_product_attention(_Q4[0, 0, 0].to(d), _K4[0, 0].to(d), _K4[0, 0].to(d)),
+    "int_mask": lambda d: F.scaled_dot_product_attention(_Q4.to(d), _K4.to(d), _K4.to(d), _CAUSAL_MASK.int().to(d)),
+    "half_mask": lambda d: F.scaled_dot_product_attention(_Q4.to(d), _K4.to(d), _K4.to(d), _CAUSAL_MASK.half().to(d)),
+    "dtypes_2d": lambda d: F.scaled_dot_product_attention(_Q4[0, 0].to(d), _K4[0, 0].double().to(d), _K4[0, 0].to(d)),
+    # a mask with is_causal where CPU takes its math kernel: 3-d, dropout
+    "mask_and_causal_3d": lambda d: F.scaled_dot_product_attention(
+        _Q4[0].to(d), _K4[0].to(d), _K4[0].to(d), _CAUSAL_MASK.to(d), is_causal=True
+    ),
+    "mask_and_causal_dropout": lambda d: F.scaled_dot_product_attention(
+        _Q4.to(d), _K4.to(d), _K4.to(d), _CAUSAL_MASK.to(d), 0.5, is_causal=True
+    ),
+    # sizes the fused op cannot take: CPU's errors at the call (they failed the program at the next read)
+    "head_dims": lambda d: F.scaled_dot_product_attention(_Q4.to(d), _K4[..., :4].to(d), _K4.to(d)),
+    "heads": lambda d: F.scaled_dot_product_attention(_Q4.to(d), _K4[:, :1].expand(2, 4, 3, 8).to(d), _K4.to(d)),
+    "batch": lambda d: F.scaled_dot_product_attention(
+        _Q4.to(d), _K4.expand(2, 2, 3, 8)[:1].repeat(3, 1, 1, 1).to(d), _K4.to(d)
+    ),
+    "mask_shape": lambda d: F.scaled_dot_product_attention(
+        _Q4.to(d), _K4.to(d), _K4.to(d), torch.ones(5, 3, dtype=torch.bool).to(d)
+    ),
+    "gqa_heads": lambda d: F.scaled_dot_product_attention(
+        torch.randn(1, 3, 4, 8).to(d), _K4[:1].to(d), _K4[:1].to(d), enable_gqa=True
+    ),
+}
+
+
+@pytest.mark.parametrize("call", _CHECKED_CALLS.values(), ids=_CHECKED_CALLS)
+def test_sdpa_checks_its_inputs_as_cpu(call):
+    """Each call raises CPU's error at the call; they computed a value (a 1-d
+    query, a mask of another dtype, a mask with is_causal) or failed to lower."""
+    with pytest.raises(RuntimeError) as cpu_err:
+        call("cpu")
+    with pytest.raises(RuntimeError) as tpu_err:
+        call("tpu")
+    assert str(tpu_err.value) == str(cpu_err.value)
+
+
+def test_sdpa_broadcasts_and_empty_sequences_as_cpu():
+    """Sizes CPU broadcasts (a key batch of one, a mask of fewer dims) or keeps
+    empty run torch's math kernel on tpu, with CPU's values; a mask with
+    is_causal on 4-d inputs is CPU's flash kernel's (both applied)."""
+    bias = torch.rand(2, 1, 3)
+    calls = [
+        lambda d: F.scaled_dot_product_attention(_Q4[:1].to(d), _K4.to(d), _K4.to(d)),
+        lambda d: F.scaled_dot_product_attention(_Q4.to(d), _K4[:1].to(d), _K4[:1].to(d)),
+        lambda d: F.scaled_dot_product_attention(_Q4.to(d), _K4[:, :, :0].to(d), _K4[:, :, :0].to(d)),
+        lambda d: F.scaled_dot_product_attention(_Q4.to(d), _K4.to(d), _K4.to(d), _CAUSAL_MASK.to(d), is_causal=True),
+        lambda d: F.scaled_dot_product_attention(_Q4.to(d), _K4.to(d), _K4.to(d), bias.to(d)),
+    ]
+    for call in calls:
+        torch.testing.assert_close(call("tpu").cpu(), call("cpu"))
+
+
+def test_transformer_encoder_nested_fast_path_says_what_to_do():
+    """The encoder's inference fast path with a padding mask makes a strided
+    nested tensor, which tpu cannot hold: a NotImplementedError that names the
+    option, where it failed with "NestedTensorImpl doesn't support sizes"; with
+    the option, CPU's values at every unpadded position."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
+    x = torch.rand(2, 5, 8)
+    pad = torch.tensor([[False, False, False, False, True], [False, False, False, True, True]])
+    with torch.no_grad():
+        want = encoder(x, src_key_padding_mask=pad)
+        on_tpu = copy.deepcopy(encoder).to("tpu")
+        with pytest.raises(NotImplementedError, match="enable_nested_tensor=False"):
+            on_tpu(x.to("tpu"), src_key_padding_mask=pad.to("tpu"))
+        dense = nn.TransformerEncoder(copy.deepcopy(layer), 2, enable_nested_tensor=False).eval()
+        dense.load_state_dict(encoder.state_dict())
+        got = dense.to("tpu")(x.to("tpu"), src_key_padding_mask=pad.to("tpu")).cpu()
+    torch.testing.assert_close(got[~pad], want[~pad])
+
+
 def test_sdpa_backward_of_an_undefined_output_gradient_is_zero():
     """gradcheck's ``check_undefined_grad`` (PyTorch's test_modules: the Transformer layers) passes
     no output gradient to the attention backward; it lowered ``None.astype`` before."""

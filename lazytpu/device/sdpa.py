@@ -14,23 +14,90 @@ import torch
 aten = torch.ops.aten
 
 
+# How torch's C++ messages name a dtype (its TypeMeta name).
+_CPP_NAMES = {
+    torch.float32: "float",
+    torch.float64: "double",
+    torch.float16: "c10::Half",
+    torch.bfloat16: "c10::BFloat16",
+    torch.int64: "long int",
+    torch.int32: "int",
+    torch.int16: "short int",
+    torch.int8: "signed char",
+    torch.uint8: "unsigned char",
+    torch.bool: "bool",
+    torch.complex64: "c10::complex<float>",
+    torch.complex128: "c10::complex<double>",
+}
+
+
+def _name(dtype: torch.dtype) -> str:
+    return _CPP_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def _validate(query, key, value, attn_mask) -> None:
+    """torch's ``validate_sdpa_input``: its checks and messages, before any kernel choice."""
+    q, k, v = query, key, value
+    if not q.dtype == k.dtype == v.dtype:
+        raise RuntimeError(
+            "Expected query, key, and value to have the same dtype, but got query.dtype: "
+            f"{_name(q.dtype)} key.dtype: {_name(k.dtype)} and value.dtype: {_name(v.dtype)} instead."
+        )
+    if not q.device == k.device == v.device:
+        raise RuntimeError(
+            "Expected query, key, and value to have the same device type, but got query.device: "
+            f"{q.device} key.device: {k.device} and value.device: {v.device} instead."
+        )
+    if min(q.dim(), k.dim(), v.dim()) < 2:
+        raise RuntimeError(
+            "Expected query, key, and value to all be  at least 2 dimensional, but got query.dim: "
+            f"{q.dim()} key.dim: {k.dim()} and value.dim: {v.dim()} instead."
+        )
+    if attn_mask is not None and attn_mask.dtype not in (torch.bool, torch.float32, q.dtype):
+        raise RuntimeError(
+            "Expected attn_mask dtype to be bool or float or to match query dtype, but got attn_mask.dtype: "
+            f"{_name(attn_mask.dtype)} and  query.dtype: {_name(q.dtype)} instead."
+        )
+
+
+def _fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> bool:
+    """Whether the fused ops take these inputs as CPU's kernels would: (H, S, E) or
+    (B, H, S, E) of matching sizes and a mask broadcast to the scores' shape. Other
+    ranks and sizes go to torch's math kernel, which raises CPU's errors (or
+    broadcasts as CPU does), and so does a mask with ``is_causal`` where CPU would
+    not take its flash kernel (4-d, no dropout, equal head dims, unit last
+    strides), whose math kernel refuses them."""
+    q, k, v = query, key, value
+    if not (q.dim() == k.dim() == v.dim() and q.dim() in (3, 4)):
+        return False
+    if k.shape[:-1] != v.shape[:-1] or q.size(-1) != k.size(-1) or q.shape[:-3] != k.shape[:-3]:
+        return False
+    if q.size(-3) != k.size(-3) and not enable_gqa:
+        return False
+    if 0 in (q.size(-2), k.size(-2)):
+        return False
+    if attn_mask is not None:
+        scores = (*q.shape[:-1], k.size(-2))
+        if attn_mask.dim() > q.dim() or any(m not in (1, n) for m, n in zip(attn_mask.shape[::-1], scores[::-1])):
+            return False
+        flash = q.dim() == 4 and dropout_p == 0 and v.size(-1) == q.size(-1)
+        if is_causal and not (flash and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1):
+            return False
+    return True
+
+
 def scaled_dot_product_attention(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
 ):
     """torch's ``scaled_dot_product_attention`` for ``tpu`` tensors."""
-    if not (query.dim() == key.dim() == value.dim() and query.dim() in (3, 4)):
-        # The fused ops take (H, S, E) or (B, H, S, E); other ranks use torch's math kernel.
+    _validate(query, key, value, attn_mask)
+    if not _fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
         return aten._scaled_dot_product_attention_math(
             query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
         )[0]
-    if not query.dtype == key.dtype == value.dtype:
-        raise RuntimeError(
-            "Expected query, key, and value to have the same dtype, but got query.dtype: "
-            f"{query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead."
-        )
     if enable_gqa and key.size(-3) != query.size(-3):
         if query.size(-3) % key.size(-3):
-            raise RuntimeError("Number of heads in key and value must divide the number of heads in query")
+            raise RuntimeError("Number of heads in key and value must divide the number of heads in ")  # sic, as CPU
         key = key.repeat_interleave(query.size(-3) // key.size(-3), dim=-3)
         value = value.repeat_interleave(query.size(-3) // value.size(-3), dim=-3)
     if dropout_p == 0:

@@ -45,6 +45,12 @@ def data_from_cpu(t: torch.Tensor, index: int = 0) -> Data:
     t = t.detach()
     if t.layout != torch.strided:
         raise not_strided(t.layout)
+    if t.is_nested:  # the strided nested layout: no kernel runs on it on tpu (docs/limitations.md)
+        raise NotImplementedError(
+            "lazytpu: tpu has no nested tensors of the strided layout (those of layout=torch.jagged work). "
+            "nn.TransformerEncoder makes one in its inference fast path (eval, no grad, a src_key_padding_mask): "
+            "build it with enable_nested_tensor=False"
+        )
     if t.is_quantized:
         raise NotImplementedError(
             f"lazytpu: tpu has no quantized tensors ({t.dtype}); keep it on CPU, or call .dequantize() first"
