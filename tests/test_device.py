@@ -76,10 +76,15 @@ def test_dlpack_export_is_refused():
     import numpy as np
 
     x = torch.ones(2).to("tpu")
-    for export in (x.__dlpack__, lambda: np.from_dlpack(x)):
+    exports = [x.__dlpack__, lambda: np.from_dlpack(x), x.__dlpack_device__, lambda: torch.from_dlpack(x)]
+    # the legacy capsule export never asked the tensor (Note [DLPack on tpu])
+    exports += [lambda: torch.to_dlpack(x), lambda: torch.utils.dlpack.to_dlpack(x)]
+    for export in exports:
         with pytest.raises(BufferError, match="can't export a tpu:0 device type tensor through DLPack"):
             export()
     assert torch.from_dlpack(x.cpu()).tolist() == [1.0, 1.0]
+    assert torch.from_dlpack(torch.to_dlpack(x.cpu())).tolist() == [1.0, 1.0]
+    assert x.cpu().tolist() == [1.0, 1.0]
 
 
 def test_manual_seed_reproducible():

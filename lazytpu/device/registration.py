@@ -6,6 +6,8 @@ This is the one module that touches torch's global registration tables.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.optim import optimizer as _optimizer
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -32,7 +34,7 @@ from lazytpu.frontend.checks import bounds
 from lazytpu.frontend.dispatch import dispatch
 from lazytpu.frontend.record import record
 from lazytpu.frontend.routes import handlers
-from lazytpu.frontend.tensor import LazyTensor
+from lazytpu.frontend.tensor import LazyTensor, dlpack_refused
 from lazytpu.lowering import get_rule
 
 aten = torch.ops.aten
@@ -200,6 +202,21 @@ def _refuse_sparse(op, *args, **kwargs):
     raise hostio.not_strided(layout)
 
 
+# Note [DLPack on tpu]: ``torch.to_dlpack`` (the legacy capsule export) is a C
+# function that never asks the tensor: for a tpu tensor it exported the
+# storage's stand-in pointer, and ``from_dlpack`` of that capsule made a tpu
+# tensor that is not a LazyTensor, which failed at every use. It refuses as
+# ``Tensor.__dlpack__`` does.
+def _to_dlpack(export):
+    @functools.wraps(export)
+    def to_dlpack(tensor):
+        if isinstance(tensor, LazyTensor):
+            raise dlpack_refused(tensor)
+        return export(tensor)
+
+    return to_dlpack
+
+
 _registered = []
 
 
@@ -249,6 +266,7 @@ def register() -> None:
     # Parameters (and tied weights) as CUDA does (Note [Module conversion]).
     torch.nn.Module._apply = keep_parameters(torch.nn.Module._apply)
     module_conversion.install()  # Note [Lazy modules on tpu]
+    torch.to_dlpack = torch.utils.dlpack.to_dlpack = _to_dlpack(torch._C._to_dlpack)  # Note [DLPack on tpu]
     # Note [Foreach optimizers]: torch.optim takes its ``foreach`` path only
     # for tensors whose type is listed in these two tables; tpu tensors join
     # them (as DTensor does) so that optimizers default to it on tpu as on

@@ -369,6 +369,14 @@ def user_state(t: torch.Tensor) -> dict:
     return {k: v for k, v in vars(t).items() if k not in _NOT_USER_STATE}
 
 
+def dlpack_refused(t) -> BufferError:
+    """The error of every DLPack export of a tpu tensor."""
+    return BufferError(
+        f"can't export a {t.device} device type tensor through DLPack. "
+        "Use Tensor.cpu() to copy the tensor to host memory first."
+    )
+
+
 class LazyTensor(torch.Tensor):
     """A tensor on the ``tpu`` device whose value may still be pending."""
 
@@ -520,11 +528,12 @@ class LazyTensor(torch.Tensor):
     def __dlpack__(self, *args, **kwargs):
         """DLPack shares memory, and a tpu tensor's memory is not a pointer a
         consumer can read (its storage's data pointer is a stand-in): refused,
-        as ``numpy()`` is, instead of a capsule of garbage."""
-        raise BufferError(
-            f"can't export a {self.device} device type tensor through DLPack. "
-            "Use Tensor.cpu() to copy the tensor to host memory first."
-        )
+        as ``numpy()`` is, instead of a capsule of garbage (``to_dlpack`` and
+        ``__dlpack_device__`` too)."""
+        raise dlpack_refused(self)
+
+    def __dlpack_device__(self):
+        raise dlpack_refused(self)
 
     def __reduce_ex__(self, protocol):
         """``torch.save``: a sync point; saved as torch saves a CUDA tensor, a
