@@ -38,6 +38,9 @@ CASES = {
     "logcumsumexp_out_dtype": lambda d: torch.logcumsumexp(
         _t(3, dtype=torch.float64).to(d), 0, out=torch.empty(3).to(d)
     ),
+    "index_select_out_dtype": lambda d: torch.index_select(  # PyTorch's test_ops.py test_out: it cast silently
+        _t(2, 2).to(d), 0, torch.tensor([1, 0]).to(d), out=torch.empty(2, 2, dtype=torch.long).to(d)
+    ),
     "add_broadcast": lambda d: _t(2, 3).to(d) + _t(4).to(d),
     "mul_broadcast": lambda d: _t(2, 3).to(d) * _t(2, 4).to(d),
     "mm_shapes": lambda d: _t(2, 3).to(d) @ _t(4, 5).to(d),
