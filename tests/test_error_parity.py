@@ -41,6 +41,14 @@ CASES = {
     "index_select_out_dtype": lambda d: torch.index_select(  # PyTorch's test_ops.py test_out: it cast silently
         _t(2, 2).to(d), 0, torch.tensor([1, 0]).to(d), out=torch.empty(2, 2, dtype=torch.long).to(d)
     ),
+    "kthvalue_out_values_dtype": lambda d: torch.kthvalue(
+        _t(3, 4).to(d), 2, out=(torch.empty(3, dtype=torch.long).to(d), torch.empty(3, dtype=torch.long).to(d))
+    ),
+    "kthvalue_out_indices_dtype": lambda d: torch.kthvalue(
+        _t(3, 4).to(d), 2, out=(torch.empty(3).to(d), torch.empty(3, dtype=torch.int32).to(d))
+    ),
+    "bucketize_2d_boundaries": lambda d: torch.bucketize(_t(3).to(d), _t(2, 2).to(d)),
+    "bucketize_0d_boundaries": lambda d: torch.bucketize(_t(3).to(d), torch.tensor(1.0).to(d)),
     "add_broadcast": lambda d: _t(2, 3).to(d) + _t(4).to(d),
     "mul_broadcast": lambda d: _t(2, 3).to(d) * _t(2, 4).to(d),
     "mm_shapes": lambda d: _t(2, 3).to(d) @ _t(4, 5).to(d),

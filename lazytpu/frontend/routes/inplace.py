@@ -185,6 +185,7 @@ _OUT_DTYPE_ERRORS = re.compile(
     r"dtype|type to be|can't be cast|floating point type|[Ee]xpected .* type|supports bool tensor for result"
     r"|implemented for complex tensors|non-boolean outputs|expected scalar_type"
     r"|and result must have the same scalar type"  # index_select
+    r"|output values must be of same type as input|output indices must be of scalar type Long"  # kthvalue
 )
 _OUT_DTYPES_CHECKED = _caches.memo("out_dtypes_checked")
 
