@@ -47,6 +47,9 @@ CASES = {
     "kthvalue_out_indices_dtype": lambda d: torch.kthvalue(
         _t(3, 4).to(d), 2, out=(torch.empty(3).to(d), torch.empty(3, dtype=torch.int32).to(d))
     ),
+    "index_add_source_shape": lambda d: torch.index_add(  # the message quotes the real shapes, not stand-ins'
+        torch.zeros(3, 2).to(d), 0, torch.tensor([0, 1]).to(d), torch.ones(2).to(d)
+    ),
     "bucketize_2d_boundaries": lambda d: torch.bucketize(_t(3).to(d), _t(2, 2).to(d)),
     "bucketize_0d_boundaries": lambda d: torch.bucketize(_t(3).to(d), torch.tensor(1.0).to(d)),
     "add_broadcast": lambda d: _t(2, 3).to(d) + _t(4).to(d),
