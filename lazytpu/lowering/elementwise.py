@@ -158,9 +158,15 @@ def div(x, y):
 
 # Note [Exact quotients]: XLA rewrites a division by a broadcast divisor into
 # a multiplication by its reciprocal, which may miss the correctly rounded
-# quotient by an ulp (1.9373531 / 1.9373531 -> 0.9999999). Harmless for true
-# division, but rounding modes turn that ulp into a whole unit. They divide by
-# a divisor hidden behind an optimization barrier, which XLA cannot rewrite.
+# quotient by an ulp (1.9373531 / 1.9373531 -> 0.9999999). Rounding modes
+# would turn that ulp into a whole unit: they divide by a divisor hidden behind
+# an optimization barrier, which XLA cannot rewrite. True division by a
+# broadcast divisor (``x / 7``: a lifted number; a 0-d tensor; a row) keeps the
+# rewrite, as CUDA torch's kernel multiplies by the reciprocal of a scalar
+# divisor too, but CPU torch divides: 21 / 7 is 3.0000002 and (1 - 50) / 49 is
+# -0.99999994 on tpu (docs/limitations.md). The barrier would materialize the
+# broadcast divisor at full size in every such division (AdamW's, attention's
+# scale).
 
 
 def divide_exactly(x, y):
