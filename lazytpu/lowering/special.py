@@ -116,8 +116,12 @@ _MACHEP = 1.11022302462515654042e-16
 
 def _zeta(x, q):
     """Hurwitz zeta, torch's Cephes algorithm (Math.h ``zeta``): direct sum
-    until the terms vanish or ``q + i > 9``, then Euler-Maclaurin."""
+    until the terms vanish or ``q + i > 9``, then Euler-Maclaurin. Computed in
+    CPU's accumulation type (float64 for float32: in float32 the series' factors
+    overflow where the terms underflow, and zeta(501, 501) was NaN, not 0)."""
     x, q = jnp.broadcast_arrays(x, q)
+    if x.dtype == jnp.float32:
+        return _zeta(x.astype(jnp.float64), q.astype(jnp.float64)).astype(jnp.float32)
 
     def summing(state):
         i, a, _, _, done = state
