@@ -51,6 +51,7 @@ CASES = {
         torch.zeros(3, 2).to(d), 0, torch.tensor([0, 1]).to(d), torch.ones(2).to(d)
     ),
     "bucketize_2d_boundaries": lambda d: torch.bucketize(_t(3).to(d), _t(2, 2).to(d)),
+    "searchsorted_0d_sequence": lambda d: torch.searchsorted(torch.tensor(1.0).to(d), _t(3).to(d)),
     "bucketize_0d_boundaries": lambda d: torch.bucketize(_t(3).to(d), torch.tensor(1.0).to(d)),
     "add_broadcast": lambda d: _t(2, 3).to(d) + _t(4).to(d),
     "mul_broadcast": lambda d: _t(2, 3).to(d) * _t(2, 4).to(d),
