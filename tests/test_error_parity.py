@@ -50,6 +50,10 @@ CASES = {
     "index_add_source_shape": lambda d: torch.index_add(  # the message quotes the real shapes, not stand-ins'
         torch.zeros(3, 2).to(d), 0, torch.tensor([0, 1]).to(d), torch.ones(2).to(d)
     ),
+    "nansum_out_long": lambda d: torch.nansum(_t(3, 4).to(d), 1, out=torch.empty(3, dtype=torch.long).to(d)),
+    "nansum_out_bool": lambda d: torch.nansum(_t(3, 4).to(d), 1, out=torch.empty(3, dtype=torch.bool).to(d)),
+    "std_out_complex": lambda d: torch.std(_t(3, 4).to(d), 1, out=torch.empty(3, dtype=torch.complex64).to(d)),
+    "mean_out_long": lambda d: torch.mean(_t(3, 4).to(d), 1, out=torch.empty(3, dtype=torch.long).to(d)),
     "bucketize_2d_boundaries": lambda d: torch.bucketize(_t(3).to(d), _t(2, 2).to(d)),
     "searchsorted_0d_sequence": lambda d: torch.searchsorted(torch.tensor(1.0).to(d), _t(3).to(d)),
     "bucketize_0d_boundaries": lambda d: torch.bucketize(_t(3).to(d), torch.tensor(1.0).to(d)),

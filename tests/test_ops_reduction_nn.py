@@ -456,3 +456,13 @@ def test_degrees_of_freedom_warnings_as_on_cpu(call, eager_mode):
         return [str(w.message).split(" (Triggered internally")[0] for w in caught]
 
     assert messages(x.to("tpu")) == messages(x)
+
+
+def test_mean_into_a_float64_out_tensor_sums_in_float64_as_cpu():
+    """CPU's mean.out computes in its out tensor's dtype; tpu computed in the
+    input's float32 and cast (1e-7 off CPU's float64 mean)."""
+    x = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    want = torch.mean(x, 1, out=torch.empty(0, dtype=torch.float64))
+    out = torch.empty(0, dtype=torch.float64, device="tpu")
+    torch.mean(x.to("tpu"), 1, out=out)
+    torch.testing.assert_close(out.cpu(), want, rtol=1e-15, atol=0)

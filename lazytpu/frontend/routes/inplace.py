@@ -186,6 +186,7 @@ _OUT_DTYPE_ERRORS = re.compile(
     r"|implemented for complex tensors|non-boolean outputs|expected scalar_type"
     r"|and result must have the same scalar type"  # index_select
     r"|output values must be of same type as input|output indices must be of scalar type Long"  # kthvalue
+    r"|not implemented for"  # the out tensor's dtype chose a kernel CPU lacks (nansum into Long, std into complex)
 )
 _OUT_DTYPES_CHECKED = _caches.memo("out_dtypes_checked")
 
@@ -214,8 +215,9 @@ def _has_tensor(x) -> bool:
 # torch resizes it only when the count differs, then fills it in its own order.
 _FILLS_ITS_SHAPE = frozenset({"arange", "linspace", "logspace", "range"})
 
-# Reductions whose ``out=`` form without a ``dtype`` computes in the out tensor's dtype.
-_OUT_SETS_DTYPE = frozenset({"sum", "nansum", "prod", "cumsum", "cumprod"})
+# Reductions whose ``out=`` form without a ``dtype`` computes in the out tensor's dtype
+# (``mean`` into a float64 out tensor sums in float64, as CPU).
+_OUT_SETS_DTYPE = frozenset({"sum", "nansum", "prod", "cumsum", "cumprod", "mean"})
 
 
 def _out_dtype(func, functional, outs, kwargs) -> dict | None:
@@ -224,7 +226,10 @@ def _out_dtype(func, functional, outs, kwargs) -> dict | None:
     ``sum``/``prod``/``cumsum`` given no ``dtype``."""
     if not (outs and type(outs[0]) is LazyTensor and _takes_dtype(functional)):
         return None
-    if not _takes_dtype(func) or (kwargs.get("dtype") is None and func._schema.name.split("::")[-1] in _OUT_SETS_DTYPE):
+    name = func._schema.name.split("::")[-1]
+    if not _takes_dtype(func) or (kwargs.get("dtype") is None and name in _OUT_SETS_DTYPE):
+        if name == "mean" and not (outs[0].dtype.is_floating_point or outs[0].dtype.is_complex):
+            return None  # torch's "can't be cast" (_check_out_dtypes), not mean's dtype error
         return {"dtype": outs[0].dtype}
     return None
 
@@ -243,9 +248,10 @@ def run_out(func, functional, args, kwargs):
     for dst in outs:
         if type(dst) is LazyTensor:
             check_overlap(func, args, kwargs, dst)
-    result = _call_functional(func, functional, args, kwargs, _out_dtype(func, functional, outs, kwargs))
+    out_dtype = _out_dtype(func, functional, outs, kwargs)
+    result = _call_functional(func, functional, args, kwargs, out_dtype)
     results = [result] if isinstance(result, torch.Tensor) else list(result)
-    if any(type(dst) is LazyTensor and dst.dtype != src.dtype for dst, src in zip(outs, results)):
+    if out_dtype or any(type(dst) is LazyTensor and dst.dtype != src.dtype for dst, src in zip(outs, results)):
         _check_out_dtypes(func, args, kwargs)
     # a factory (no tensor argument) resizes its out tensor silently, as torch's do
     warn = _has_tensor(args) or _has_tensor([v for k, v in kwargs.items() if k not in names])
