@@ -156,17 +156,12 @@ def div(x, y):
     return x / y
 
 
-# Note [Exact quotients]: XLA rewrites a division by a broadcast divisor into
-# a multiplication by its reciprocal, which may miss the correctly rounded
-# quotient by an ulp (1.9373531 / 1.9373531 -> 0.9999999). Rounding modes
-# would turn that ulp into a whole unit: they divide by a divisor hidden behind
-# an optimization barrier, which XLA cannot rewrite. True division by a
-# broadcast divisor (``x / 7``: a lifted number; a 0-d tensor; a row) keeps the
-# rewrite, as CUDA torch's kernel multiplies by the reciprocal of a scalar
-# divisor too, but CPU torch divides: 21 / 7 is 3.0000002 and (1 - 50) / 49 is
-# -0.99999994 on tpu (docs/limitations.md). The barrier would materialize the
-# broadcast divisor at full size in every such division (AdamW's, attention's
-# scale).
+# Note [Exact quotients]: XLA rewrites a division by a broadcast divisor into a
+# multiplication by its reciprocal, an ulp off the correctly rounded quotient at
+# times (21 / 7 -> 3.0000002). Rounding modes, which that ulp would turn into a
+# unit, divide by a divisor behind an optimization barrier. True division keeps
+# the rewrite, as CUDA torch's scalar kernel does (CPU divides: docs/limitations):
+# the barrier materializes the divisor at full size (AdamW's, attention's scale).
 
 
 def divide_exactly(x, y):
