@@ -141,6 +141,12 @@ CASES = {
         lambda d: torch._segment_reduce(torch.ones(3).to(d), "max", lengths=torch.tensor([4, -1]).to(d)),
         aten.segment_reduce.default,
     ),
+    "searchsorted_sorter": (  # the search never visits the bad index: CPU checks them all
+        lambda d: torch.searchsorted(
+            torch.arange(8.0).to(d), torch.tensor([-5.0]).to(d), sorter=torch.tensor([0, 1, 2, 3, 4, 5, 6, 99]).to(d)
+        ),
+        aten.searchsorted.Tensor,
+    ),
     # Note [Non-finite matrices]
     "svd_nan": (lambda d: torch.linalg.svd(_nan_matrix(d)), aten._linalg_svd.default),
     "matrix_rank_nan": (lambda d: torch.linalg.matrix_rank(_nan_matrix(d)), aten._linalg_svd.default),
@@ -380,6 +386,7 @@ def test_a_failed_random_op_spares_the_random_state(eager_mode):
         lambda d: torch.tensor(3.0).to(d).index_fill(0, torch.tensor(-1).to(d), 0.0),
         lambda d: F.embedding_bag(torch.tensor([1, 2, 0, 1]).to(d), _x(d), torch.tensor([0, 2, 2, 4]).to(d)),
         lambda d: F.embedding_bag(torch.tensor([[1, 2], [0, 1]]).to(d), _x(d), mode="max"),
+        lambda d: torch.searchsorted(torch.tensor([3.0, 1.0, 2.0]).to(d), 2.5, sorter=torch.tensor([1, 2, 0]).to(d)),
     ],
 )
 def test_good_values_pass(fn):

@@ -2,7 +2,7 @@
 
 Note [Value checks]: some of CPU torch's checks read data: an index out of
 range (``x[i]``, gather/scatter, index_select/add/copy/fill, take/put,
-embedding), an ``nll_loss``/``cross_entropy`` target out of range, negative
+embedding, ``searchsorted``'s ``sorter``), an ``nll_loss``/``cross_entropy`` target out of range, negative
 or non-finite ``multinomial`` probabilities, ``bernoulli`` probabilities
 outside [0, 1], a negative ``normal`` std or ``poisson`` rate, ``_segment_reduce`` lengths, an integer
 division by zero, a non-finite matrix of a decomposition (Note [Non-finite matrices]). On
@@ -347,6 +347,12 @@ def _index_fill(self, dim, index, value):
     """index_fill, alone of these ops, takes negative indices."""
     size = _size(self, dim)
     return [(index, "range", (-size, size), 0)] if _integral(index) else []
+
+
+@checks(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
+def _searchsorted(sorted_sequence, values, *, sorter=None, **kwargs):
+    """Every ``sorter`` index in range, also those the search never visits (as CPU)."""
+    return _index_range(sorted_sequence, -1, sorter) if sorter is not None else []
 
 
 @checks(aten.embedding.default)
