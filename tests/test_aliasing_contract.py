@@ -703,3 +703,29 @@ def test_a_resized_out_tensor_takes_the_layout_torch_computes(op, layout):
     expected, got = run("cpu"), run("tpu")
     assert got[:2] == expected[:2]
     torch.testing.assert_close(got[2], expected[2])
+
+
+@pytest.mark.parametrize(
+    ("op", "unique"),
+    [
+        (lambda a: torch.linalg.svd(a, full_matrices=False), 3),
+        (lambda a: torch.linalg.svd(a.mT, full_matrices=True), 2),  # a full Vh's last row is any unit vector
+        (lambda a: torch.linalg.eig(a[..., :3, :]), 2),
+        (lambda a: torch.linalg.svd(a, out=[torch.empty(0, device=a.device) for _ in range(3)]), 3),
+    ],
+    ids=["svd", "svd_full", "eig", "svd_out"],
+)
+def test_decompositions_return_lapacks_column_major_layout(op, unique):
+    """``Vh`` of ``svd`` and the eigenvectors of ``eig`` are column-major on CPU;
+    torch's meta kernels, seeing no device, gave CUDA's row-major layout (and a
+    view through the storage read other elements than on CPU). Values are
+    compared up to sign (and phase) where they are unique."""
+
+    def run(d):
+        a = torch.tensor([[2.0, 0, 1], [0, 1, 0], [1, 0, 3], [1, 1, 1]]).expand(2, 4, 3).cumsum(0).to(d)
+        return [(t.stride(), torch.as_strided(t, (t.numel(),), (1,)).abs().cpu()) for t in op(a)]
+
+    got, expected = run("tpu"), run("cpu")
+    assert [stride for stride, _ in got] == [stride for stride, _ in expected]
+    for (_, flat), (_, cpu_flat) in zip(got[:unique], expected[:unique], strict=True):
+        torch.testing.assert_close(flat, cpu_flat, atol=1e-5, rtol=1e-5)

@@ -292,6 +292,9 @@ _PADDINGS = [f"{kind}_pad{k}d" for kind in ("reflection", "replication") for k i
 FIXES = {
     aten.convolution.default: _cpu_layout(aten.convolution.default),
     aten.convolution_backward.default: _cpu_layout(aten.convolution_backward.default),
+    # meta kernels that give CUDA's layout on a meta tensor (row-major eigenvectors and ``Vh``)
+    aten._linalg_svd.default: _cpu_layout(aten._linalg_svd.default),
+    aten.linalg_eig.default: _cpu_layout(aten.linalg_eig.default),
     **{
         op: _suggested_layout(_padding_dims(op, k))
         for k in (1, 2, 3)
