@@ -56,6 +56,34 @@ def test_sdpa_matches_cpu(name):
     assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {}
 
 
+_LAYOUTS = {  # CPU: the query's layout from its flash kernel, a contiguous one from its math kernel
+    "contiguous": lambda q: q,
+    "heads_inner": lambda q: q.transpose(1, 2).contiguous().transpose(1, 2),
+    "heads_inner_dropout": lambda q: q.transpose(1, 2).contiguous().transpose(1, 2),
+    "heads_inner_unbatched": lambda q: q[0].transpose(0, 1).contiguous().transpose(0, 1),
+    "heads_inner_value_dims": lambda q: q.transpose(1, 2).contiguous().transpose(1, 2),
+    "features_outer": lambda q: q.mT.contiguous().mT,
+}
+
+
+@pytest.mark.parametrize("layout", sorted(_LAYOUTS))
+def test_sdpa_output_has_cpus_layout(layout):
+    """The output's strides are CPU's (Note [Attention layouts]), so that a
+    ``.view`` of it works, or fails, as on CPU; the gradients' too."""
+
+    def run(d):
+        torch.manual_seed(0)
+        q, k, v = (_LAYOUTS[layout](t.detach()).to(d).requires_grad_() for t in _qkv(2, 4, 5, 8))
+        if layout.endswith("value_dims"):
+            v = v[..., :6].detach().requires_grad_()
+        dropout = 1.0 if layout.endswith("dropout") else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+        out.sum().backward()
+        return out.stride(), [t.grad.stride() for t in (q, k, v)]
+
+    assert run("tpu") == run("cpu")
+
+
 @pytest.mark.parametrize("dropout_p", [0.0, 1.0])
 def test_sdpa_learnable_bias_gradient(dropout_p):
     """Both ops give the mask its gradient (dropout_p=1 drops everything: zeros, on CPU too)."""

@@ -103,10 +103,10 @@ def scaled_dot_product_attention(
     if dropout_p == 0:
         # The dropout-free op compiles much faster (Note [Attention dropout] in
         # lowering/attention). Its meta kernel takes 4-d inputs only.
-        if query.dim() == 3:
+        if query.dim() == 3:  # CPU's math kernel: a contiguous output (Note [Attention layouts])
             return scaled_dot_product_attention(
                 query[None], key[None], value[None], attn_mask, dropout_p, is_causal, scale=scale
-            )[0]
+            )[0].contiguous()
         return aten._scaled_dot_product_efficient_attention(
             query, key, value, attn_mask, False, 0.0, is_causal, scale=scale
         )[0]

@@ -287,6 +287,26 @@ def _suggested_layout(func, source: int = 0):
     return run
 
 
+# Note [Attention layouts]: CPU's flash attention kernel (4-d inputs, no
+# dropout, equal head dims, unit last strides) returns an output laid out
+# like its query (``empty_like``); its math kernel (everything else) returns
+# a contiguous one. The meta kernels of the fused ops return CUDA's layout
+# (batch, sequence, heads, features), so ``out.view(...)`` that works on CPU
+# failed on tpu, and the other way round.
+def _attention_layout(func, dropout: int):
+    def run(query, key, value, *args, **kwargs):
+        out = func(query, key, value, *args, **kwargs)
+        flash = (
+            (args[dropout] if len(args) > dropout else kwargs.get("dropout_p", 0.0)) == 0
+            and query.size(-1) == key.size(-1) == value.size(-1)
+            and query.stride(-1) == key.stride(-1) == value.stride(-1) == 1
+        )
+        like = torch.empty_like(query) if flash else torch.empty(query.shape[:-1] + value.shape[-1:], device="meta")
+        return out[0].as_strided(out[0].shape, like.stride()), *out[1:]
+
+    return run
+
+
 _PADDINGS = [f"{kind}_pad{k}d" for kind in ("reflection", "replication") for k in (1, 2, 3)]
 
 FIXES = {
@@ -306,6 +326,12 @@ FIXES = {
     },
     aten.native_group_norm.default: _suggested_layout(aten.native_group_norm.default),
     aten.max_pool3d_with_indices.default: _max_pool3d,
+    aten._scaled_dot_product_efficient_attention.default: _attention_layout(
+        aten._scaled_dot_product_efficient_attention.default, dropout=2
+    ),
+    aten._scaled_dot_product_fused_attention_overrideable.default: _attention_layout(
+        aten._scaled_dot_product_fused_attention_overrideable.default, dropout=1
+    ),
     aten._embedding_bag.default: _embedding_bag_dims(aten._embedding_bag.default),
     aten._embedding_bag_forward_only.default: _embedding_bag_dims(aten._embedding_bag_forward_only.default),
     aten.fractional_max_pool3d.default: _fractional_max_pool3d,
