@@ -729,3 +729,26 @@ def test_decompositions_return_lapacks_column_major_layout(op, unique):
     assert [stride for stride, _ in got] == [stride for stride, _ in expected]
     for (_, flat), (_, cpu_flat) in zip(got[:unique], expected[:unique], strict=True):
         torch.testing.assert_close(flat, cpu_flat, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda x: torch.fft.rfftn(x),
+        lambda x: torch.fft.rfft2(x, dim=(-3, -2, -1)),
+        lambda x: torch.fft.hfft2(torch.fft.rfft(x), dim=(0, -1)),
+        lambda x: torch.fft.fft(x.to(torch.complex64), dim=0),
+    ],
+    ids=["rfftn", "rfft2_all_dims", "hfft2", "fft_first_dim"],
+)
+def test_ffts_return_cpus_layout(op):
+    """torch's FFT meta kernels give cuFFT's layout on a meta tensor; CPU's (MKL's) differs."""
+
+    def run(d):
+        x = torch.arange(210.0).reshape(5, 6, 7).cos().to(d)
+        out = op(x)
+        return out.stride(), torch.as_strided(out, (out.numel(),), (1,)).cpu()
+
+    (stride, flat), (cpu_stride, cpu_flat) = run("tpu"), run("cpu")
+    assert stride == cpu_stride
+    torch.testing.assert_close(flat, cpu_flat, atol=1e-3, rtol=1e-4)

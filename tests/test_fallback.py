@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import warnings
 
+import pytest
 import torch
 
 import lazytpu
@@ -70,3 +72,19 @@ def test_fallback_env_var():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("NIE") and "twice_plus_one" in out.stdout
+
+
+def test_results_made_on_the_host_keep_cpus_layout():
+    """``nonzero``/``argwhere`` (Note [Data-dependent shapes]) are column-major on CPU;
+    their tpu results were contiguous, so ``.view(-1)`` worked where CPU's raises."""
+    mask = torch.tensor([[True, False, True], [False, True, True]])
+    for op in (torch.nonzero, torch.argwhere):
+        got, expected = op(mask.to("tpu")), op(mask)
+        assert got.stride() == expected.stride() == (1, 4)
+        assert got.cpu().tolist() == expected.tolist()
+        assert torch.as_strided(got, (8,), (1,)).cpu().tolist() == torch.as_strided(expected, (8,), (1,)).tolist()
+        try:
+            expected.view(-1)
+        except RuntimeError as e:
+            with pytest.raises(RuntimeError, match=re.escape(str(e))):
+                got.view(-1)

@@ -312,9 +312,9 @@ _PADDINGS = [f"{kind}_pad{k}d" for kind in ("reflection", "replication") for k i
 FIXES = {
     aten.convolution.default: _cpu_layout(aten.convolution.default),
     aten.convolution_backward.default: _cpu_layout(aten.convolution_backward.default),
-    # meta kernels that give CUDA's layout on a meta tensor (row-major eigenvectors and ``Vh``)
-    aten._linalg_svd.default: _cpu_layout(aten._linalg_svd.default),
-    aten.linalg_eig.default: _cpu_layout(aten.linalg_eig.default),
+    # meta kernels that give CUDA's layout on a meta tensor (row-major eigenvectors and ``Vh``, cuFFT's order)
+    **{op: _cpu_layout(op) for op in (aten._linalg_svd.default, aten.linalg_eig.default)},
+    **{op: _cpu_layout(op) for op in (aten._fft_r2c.default, aten._fft_c2c.default, aten._fft_c2r.default)},
     **{
         op: _suggested_layout(_padding_dims(op, k))
         for k in (1, 2, 3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
 from lazytpu import _caches, _config, metrics
 from lazytpu.frontend import hostio
@@ -105,7 +106,9 @@ def cpu_fallback(func, args, kwargs, *, data_dependent: bool = False):
     def back(x):
         if id(x) in written:
             return written[id(x)]
-        return new_tensor(hostio.data_from_cpu(x, index), x.shape, contiguous_strides(x.shape), x.dtype, index)
+        # CPU's layout where it is dense (nonzero's and lstsq's are column-major)
+        stride = x.stride() if is_non_overlapping_and_dense(x) else contiguous_strides(x.shape)
+        return new_tensor(hostio.data_from_cpu(x, index), x.shape, stride, x.dtype, index)
 
     return map_tensors(out, torch.Tensor, back)
 
