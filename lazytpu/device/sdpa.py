@@ -61,14 +61,15 @@ def _validate(query, key, value, attn_mask) -> None:
 
 
 def _fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> bool:
-    """Whether the fused ops take these inputs as CPU's kernels would: (H, S, E) or
-    (B, H, S, E) of matching sizes and a mask broadcast to the scores' shape. Other
-    ranks and sizes go to torch's math kernel, which raises CPU's errors (or
-    broadcasts as CPU does), and so does a mask with ``is_causal`` where CPU would
-    not take its flash kernel (4-d, no dropout, equal head dims, unit last
-    strides), whose math kernel refuses them."""
+    """Whether the fused ops take these inputs as CPU's kernels would: (B, H, S, E)
+    of matching sizes and a mask broadcast to the scores' shape. Other ranks and
+    sizes go to torch's math kernel, which raises CPU's errors (or broadcasts as
+    CPU does), and so does a mask with ``is_causal`` where CPU would not take its
+    flash kernel (no dropout, equal head dims, unit last strides), whose math
+    kernel refuses them. CPU runs (H, S, E) inputs through its math kernel too:
+    so does tpu, for its outputs' and gradients' layouts (Note [Attention layouts])."""
     q, k, v = query, key, value
-    if not (q.dim() == k.dim() == v.dim() and q.dim() in (3, 4)):
+    if not (q.dim() == k.dim() == v.dim() == 4):
         return False
     if k.shape[:-1] != v.shape[:-1] or q.size(-1) != k.size(-1) or q.shape[:-3] != k.shape[:-3]:
         return False
@@ -80,7 +81,7 @@ def _fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> 
         scores = (*q.shape[:-1], k.size(-2))
         if attn_mask.dim() > q.dim() or any(m not in (1, n) for m, n in zip(attn_mask.shape[::-1], scores[::-1])):
             return False
-        flash = q.dim() == 4 and dropout_p == 0 and v.size(-1) == q.size(-1)
+        flash = dropout_p == 0 and v.size(-1) == q.size(-1)
         if is_causal and not (flash and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1):
             return False
     return True
@@ -102,11 +103,7 @@ def scaled_dot_product_attention(
         value = value.repeat_interleave(query.size(-3) // value.size(-3), dim=-3)
     if dropout_p == 0:
         # The dropout-free op compiles much faster (Note [Attention dropout] in
-        # lowering/attention). Its meta kernel takes 4-d inputs only.
-        if query.dim() == 3:  # CPU's math kernel: a contiguous output (Note [Attention layouts])
-            return scaled_dot_product_attention(
-                query[None], key[None], value[None], attn_mask, dropout_p, is_causal, scale=scale
-            )[0].contiguous()
+        # lowering/attention).
         return aten._scaled_dot_product_efficient_attention(
             query, key, value, attn_mask, False, 0.0, is_causal, scale=scale
         )[0]

@@ -292,7 +292,11 @@ def _suggested_layout(func, source: int = 0):
 # like its query (``empty_like``); its math kernel (everything else) returns
 # a contiguous one. The meta kernels of the fused ops return CUDA's layout
 # (batch, sequence, heads, features), so ``out.view(...)`` that works on CPU
-# failed on tpu, and the other way round.
+# failed on tpu, and the other way round. (H, S, E) inputs run torch's math
+# kernel on tpu as on CPU. The fused backward's gradients have the flash
+# kernel's layouts; where CPU runs its math kernel on 4-d inputs (dropout,
+# other head dims) its gradients' strides differ (the values do not; ``.grad``
+# of a leaf takes the leaf's layout either way).
 def _attention_layout(func, dropout: int):
     def run(query, key, value, *args, **kwargs):
         out = func(query, key, value, *args, **kwargs)

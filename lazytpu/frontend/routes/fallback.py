@@ -106,9 +106,10 @@ def cpu_fallback(func, args, kwargs, *, data_dependent: bool = False):
     def back(x):
         if id(x) in written:
             return written[id(x)]
-        # CPU's layout where it is dense (nonzero's and lstsq's are column-major)
+        data = hostio.data_from_cpu(x, index)  # first: it refuses what tpu cannot hold (a nested tensor)
+        # CPU's layout where it is dense (nonzero's is column-major)
         stride = x.stride() if is_non_overlapping_and_dense(x) else contiguous_strides(x.shape)
-        return new_tensor(hostio.data_from_cpu(x, index), x.shape, stride, x.dtype, index)
+        return new_tensor(data, x.shape, stride, x.dtype, index)
 
     return map_tensors(out, torch.Tensor, back)
 
