@@ -4,6 +4,8 @@ on ``tpu`` in both modes; every tensor the case holds must match."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -318,6 +320,25 @@ def test_as_strided_scatter_errors_match_cpu(window, base):
     assert messages[0] == messages[1]
     with pytest.raises(RuntimeError, match="out of bounds for storage of size 48"):
         torch.zeros(12, device="tpu").as_strided((2, 2), (1, 3), 20)
+
+
+@pytest.mark.parametrize(
+    ("shape", "stride"),
+    [((4, 5, 7), (80, 16, 1)), ((1, 4, 5, 7), (320, 80, 16, 1)), ((2, 3), (8, 2)), ((3, 2), (1, 4))],
+)
+def test_device_reads_and_writes_through_views_of_a_base_with_gaps(shape, stride):
+    """A program reading or writing a view of a base laid out with gaps (a
+    padded output) read the base's elements packed, without the gaps: the view
+    ``x[1]`` of a (4, 5, 7) base with rows 16 apart read other elements."""
+    values = torch.arange(float(math.prod(shape))).reshape(shape)
+    got = []
+    for device in ("cpu", "tpu"):
+        x = torch.zeros(1, device=device).new_empty_strided(shape, stride).copy_(values.to(device))
+        v = x.squeeze(0) if shape[0] == 1 else x[1]
+        v.mul_(2)
+        got.append((v.clone().cpu(), x.clone().cpu(), x.t().contiguous().cpu() if x.dim() == 2 else None))
+    for a, b in zip(*got, strict=True):
+        torch.testing.assert_close(a, b)
 
 
 def test_views_of_a_base_laid_out_with_gaps():

@@ -4,7 +4,9 @@ Note [Views as strides]: a tensor on ``tpu`` is a (size, stride, offset)
 window on a storage, exactly as in torch. The storage holds one logical
 array (its base layout: shape and strides). Reading a window that is not the
 base layout is ``view_read``; writing through it is ``view_write``, which
-returns the new base value. Both work on the storage's physical (flat) order.
+returns the new base value. Both work on the storage's physical (flat) order,
+gaps included where the base's strides leave them (``empty_strided``, an
+output whose meta kernel pads it): windows are offsets into that memory.
 
 A window whose strides nest (each stride a multiple of the next, rows not
 overlapping) is taken with pad + reshape + slice + transpose, which XLA turns
@@ -39,10 +41,21 @@ def _physical_order(shape, strides) -> list[int]:
     return sorted(range(len(shape)), key=lambda d: (-strides[d], d))
 
 
+def _gaps(shape, strides) -> bool:
+    """Whether a base laid out with ``strides`` leaves gaps in memory
+    (``empty_strided((2, 3), (7, 1))``, an output a meta kernel pads):
+    its memory is then as long as its reach, not its size."""
+    return 0 not in shape and _reach(shape, strides) > math.prod(shape) and not overlaps_itself(shape, strides)
+
+
 def to_flat(x, strides):
-    """The physical (memory-order) 1-D array of a dense array ``x``."""
+    """The physical (memory-order) 1-D array of an array ``x`` laid out with
+    ``strides``; the gaps of a layout with gaps (Note [Views as strides]) hold zeros."""
     if x.ndim == 0:
         return x.reshape(1)
+    if _gaps(x.shape, tuple(strides)):
+        indices = _gather_indices(x.shape, strides, 0).reshape(-1)
+        return jnp.zeros(_reach(x.shape, strides), x.dtype).at[indices].set(x.reshape(-1), unique_indices=True)
     order = _physical_order(x.shape, strides)
     if order != list(range(x.ndim)):
         x = jnp.transpose(x, order)
@@ -53,6 +66,8 @@ def from_flat(flat, shape, strides):
     """Inverse of ``to_flat``."""
     if len(shape) == 0:
         return flat.reshape(())
+    if _gaps(tuple(shape), tuple(strides)):
+        return flat[_gather_indices(shape, strides, 0)]
     order = _physical_order(shape, strides)
     x = flat.reshape(tuple(shape[d] for d in order))
     if order != list(range(len(shape))):
