@@ -129,7 +129,7 @@ CASES = {
     "std_int": lambda d: _t(2, 3, dtype=torch.int64).to(d).std(0),
     "addcmul_bool": lambda d: torch.addcmul(*[_t(3, dtype=torch.bool).to(d)] * 3),
     "lerp_int": lambda d: torch.lerp(_t(3, dtype=torch.int32).to(d), _t(3, dtype=torch.int32).to(d), 0.5),
-    "histc_int": lambda d: torch.histc(_t(3, dtype=torch.int32).to(d)),
+    "histc_bool": lambda d: torch.histc(_t(3, dtype=torch.bool).to(d)),  # integers count, as on CUDA
     "round_decimals_int": lambda d: torch.round(_t(3, dtype=torch.int32).to(d), decimals=2),
     "cholesky_int": lambda d: torch.linalg.cholesky(_t(2, 2, dtype=torch.int32).to(d)),
     "eigh_int": lambda d: torch.linalg.eigh(_t(2, 2, dtype=torch.int32).to(d)),

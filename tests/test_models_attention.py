@@ -104,6 +104,23 @@ def test_sdpa_learnable_bias_gradient(dropout_p):
     )
 
 
+def test_sdpa_bias_gradient_through_a_view():
+    """A learned bias reaching the op through a view (BEiT's relative position
+    bias, ``bias.unsqueeze(0)``): the op's meta kernel pads its gradient's last
+    dim to 16 as CUDA's kernel does; the view's backward read the wrong elements."""
+    q, k, v = _qkv(2, 4, 5, 8, kv_len=7)
+    bias = torch.randn(4, 5, 7, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    run_both(
+        lambda q, k, v, b: F.scaled_dot_product_attention(q, k, v, attn_mask=b.unsqueeze(0)), q, k, v, bias, grad=True
+    )
+    strides = []
+    for d in ("cpu", "tpu"):
+        mask = bias.detach().to(d)[None].requires_grad_()
+        out = F.scaled_dot_product_attention(*(t.detach().to(d) for t in (q, k, v)), attn_mask=mask)
+        strides.append(torch.autograd.grad(out.sum(), mask)[0].stride())
+    assert strides[1] == strides[0] == (140, 35, 7, 1)  # CPU's dense gradient, not CUDA's padded one
+
+
 def test_sdpa_unbatched_and_other_ranks():
     run_both(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), *_qkv(4, 5, 8), grad=True)
     run_both(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), *_qkv(2, 3, 2, 5, 8), grad=True)

@@ -24,6 +24,8 @@ from transformers import (
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
 )
 from transformers.utils import logging as hf_logging
 
@@ -52,20 +54,14 @@ def gpt2() -> torch.nn.Module:
     return GPT2LMHeadModel(config)
 
 
+# a Llama-like decoder's sizes (Mixtral's too)
+DECODER = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
+DECODER |= {"vocab_size": VOCAB, "max_position_embeddings": 64, "bos_token_id": 0, "eos_token_id": 1}
+
+
 def llama() -> torch.nn.Module:
     torch.manual_seed(0)
-    config = LlamaConfig(
-        num_hidden_layers=2,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        bos_token_id=0,
-        eos_token_id=1,
-    )
-    return LlamaForCausalLM(config)
+    return LlamaForCausalLM(LlamaConfig(intermediate_size=128, **DECODER))
 
 
 def bert() -> torch.nn.Module:
@@ -127,6 +123,25 @@ def test_training_matches_cpu(name, mode):
     assert tpu_grads.keys() == cpu_grads.keys()
     for key, grad in cpu_grads.items():
         torch.testing.assert_close(tpu_grads[key], grad, **tolerance(torch.float32), msg=key)
+
+
+def test_moe_training_matches_cpu_on_the_device():
+    """Mixtral's experts as transformers runs them on an accelerator: an int32
+    ``histc`` of the tokens per expert (Note [CUDA's histc]) and
+    ``torch._grouped_mm`` (lowered as ragged products); both raised or ran on
+    CPU. The router's auxiliary loss is in the loss."""
+    torch.manual_seed(0)
+    config = MixtralConfig(
+        intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, output_router_logits=True, **DECODER
+    )
+    model = MixtralForCausalLM(config)
+    cpu_losses, cpu_grads = _train(copy.deepcopy(model), "cpu", steps=2)
+    lazytpu.metrics.reset()
+    tpu_losses, tpu_grads = _train(copy.deepcopy(model), "tpu", steps=2)
+    assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {}
+    torch.testing.assert_close(tpu_losses, cpu_losses, rtol=1e-4, atol=0)
+    for key, grad in cpu_grads.items():
+        torch.testing.assert_close(tpu_grads[key], grad, rtol=1e-4, atol=1e-5, msg=key)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

@@ -666,3 +666,27 @@ def test_ex_ops_with_check_errors_raise_cpus_error(fn):
     with pytest.raises(type(expected.value), match=re.escape(str(expected.value))):
         fn(a.to("tpu"))[-1].cpu()
     assert fn(a.to("tpu") + torch.eye(3, device="tpu"))[-1].cpu().eq(0).all()
+
+
+@pytest.mark.parametrize("case", ["rows", "contracted", "columns", "batched", "rows_bfloat16"])
+def test_grouped_mm_matches_cpu_without_fallback(case):
+    """``torch._grouped_mm`` (transformers' MoE experts on an accelerator), each
+    ragged dim, and its gradients; the rows past the last group are CPU's
+    unwritten memory, so the groups here end at the last row."""
+    gen = torch.Generator().manual_seed(0)
+    x, w, g = torch.randn(6, 8, generator=gen), torch.randn(4, 8, 16, generator=gen), torch.randn(6, 16, generator=gen)
+    a3, b2 = torch.randn(4, 6, 8, generator=gen), torch.randn(8, 12, generator=gen)
+    offs = torch.tensor([1, 3, 3, 6], dtype=torch.int32)
+    a, b, offs = {
+        "rows": (x, w, offs),
+        "contracted": (x.t(), g, offs),
+        "columns": (a3, b2, torch.tensor([2, 5, 5, 12], dtype=torch.int32)),
+        "batched": (a3, torch.randn(4, 8, 4, generator=gen), None),
+        "rows_bfloat16": (x.bfloat16(), w.bfloat16(), offs),
+    }[case]
+    grad = case != "rows_bfloat16"
+    a, b = (t.detach().requires_grad_(grad) for t in (a, b))
+    inputs = (a, b) if offs is None else (a, b, offs)
+    with no_fallback():
+        # squared: CPU's backward refuses the expanded gradient of a plain sum (stride 0)
+        run_both(lambda a, b, offs=None: torch._grouped_mm(a, b, offs=offs).pow(2), *inputs, grad=grad)

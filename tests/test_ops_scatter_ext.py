@@ -230,6 +230,19 @@ def test_empty_strided_with_overlapping_strides_reads_back():
     assert t.cpu().shape == (5, 5, 5) and t.stride() == (2, 0, 1)
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8])
+def test_histc_counts_integers_as_cuda_does(dtype):
+    """transformers' MoE layers count tokens per expert with (Note [CUDA's histc])
+    an int32 histc on devices other than CPU (which refuses it): CUDA's counts,
+    in the input's dtype, with integer bin arithmetic."""
+    x = torch.tensor([0, 1, 1, 3, 2, 7, 5, 5, 200, 9]).to(dtype)
+    for bins, lo, hi in [(4, 0, 3), (3, 0, 0), (8, 0, 7), (7, 1, 200)]:
+        got = torch.histc(x.to("tpu"), bins=bins, min=lo, max=hi)
+        expected = torch.histc(x.double(), bins=bins, min=lo, max=hi)  # exact here
+        assert got.dtype == dtype
+        assert got.cpu().tolist() == expected.long().tolist()
+
+
 def test_bincount_errors_match_cpu():
     for bad, kind in [
         (_idx(-1, 2), RuntimeError),

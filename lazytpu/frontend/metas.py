@@ -59,6 +59,18 @@ def _like_first(x, *args, **kwargs):
     return torch.empty(shape, dtype=x.dtype, device=x.device)
 
 
+def _grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
+    """CPU's kernel on zeros of the same layouts (its checks: strides aligned
+    to 16 bytes, no bias, ``out_dtype`` as ``a``'s); the meta kernel is CUDA's
+    (bfloat16 only). All-zero ``offs`` make every group empty: nothing is computed."""
+
+    def zeros(m):
+        return torch.empty_strided(m.shape, m.stride(), dtype=m.dtype).zero_() if isinstance(m, torch.Tensor) else m
+
+    out = aten._grouped_mm.default(zeros(a), zeros(b), zeros(offs), zeros(bias), out_dtype)
+    return torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device="meta")
+
+
 def _geqrf(a):
     """The Householder form (LAPACK's, column-major like torch's) and ``tau``."""
     m, n = a.shape[-2:]
@@ -311,6 +323,21 @@ def _attention_layout(func, dropout: int):
     return run
 
 
+def _dense(func):
+    """``func``'s meta outputs with CPU's dense strides where the meta kernel pads
+    them as CUDA's kernel does (the attention bias gradient: last dim to 16)."""
+
+    def run(*args, **kwargs):
+        def dense(m):
+            if not isinstance(m, torch.Tensor) or torch._prims_common.is_non_overlapping_and_dense_or_false(m):
+                return m
+            return m.as_strided(m.shape, torch._prims_common.make_contiguous_strides_for(m.shape))
+
+        return torch.utils._pytree.tree_map(dense, func(*args, **kwargs))
+
+    return run
+
+
 _PADDINGS = [f"{kind}_pad{k}d" for kind in ("reflection", "replication") for k in (1, 2, 3)]
 
 FIXES = {
@@ -332,6 +359,9 @@ FIXES = {
     aten.max_pool3d_with_indices.default: _max_pool3d,
     aten._scaled_dot_product_efficient_attention.default: _attention_layout(
         aten._scaled_dot_product_efficient_attention.default, dropout=2
+    ),
+    aten._scaled_dot_product_efficient_attention_backward.default: _dense(
+        aten._scaled_dot_product_efficient_attention_backward.default
     ),
     aten._scaled_dot_product_fused_attention_overrideable.default: _attention_layout(
         aten._scaled_dot_product_fused_attention_overrideable.default, dropout=1
@@ -400,6 +430,7 @@ SHAPES = {
     aten.linalg_lstsq.default: _lstsq,
     aten._ctc_loss_backward.default: _like_input,
     aten.geqrf.default: _geqrf,
+    aten._grouped_mm.default: _grouped_mm,
     aten._sample_dirichlet.default: _like_first,
     aten.binomial.default: _like_first,
     aten._standard_gamma_grad.default: _like_first,

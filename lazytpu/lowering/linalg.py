@@ -153,3 +153,27 @@ def _trilinear_half(x, y, z, expand3, sumdim, unroll_dim):
         acc, _ = lax.scan(add, jnp.zeros(slices.shape[1:], dtype), slices)
         buf = jnp.expand_dims(acc, unroll_dim)
     return jnp.squeeze(buf, axis=tuple(sumdim)) if sumdim else buf
+
+
+@lowering(aten._grouped_mm.default)
+def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
+    """``torch._grouped_mm`` (MoE experts): ``offs`` holds each group's end along
+    the ragged dim, the rows of a 2-d ``a`` (one matrix of ``b`` per group), the
+    contracted dim (two 2-d operands: one product per group, as its backward
+    computes the weights' gradient), or the columns of a 2-d ``b``. Rows or
+    columns past the last end are zeros (CPU leaves them unwritten)."""
+    dtype = a.dtype
+    accumulate = jnp.float32 if dtype in (jnp.bfloat16, jnp.float16) else None
+    if offs is None:  # 3-d by 3-d: a batch of products
+        return jnp.matmul(a, b, preferred_element_type=accumulate).astype(dtype)
+    sizes = jnp.diff(offs.astype(jnp.int32), prepend=0)
+    if a.ndim == 2 and b.ndim == 3:
+        out = lax.ragged_dot(a, b, sizes, preferred_element_type=accumulate)
+    elif a.ndim == 3 and b.ndim == 2:
+        out = lax.ragged_dot(b.T, jnp.swapaxes(a, 1, 2), sizes, preferred_element_type=accumulate).T
+    else:
+        numbers = lax.RaggedDotDimensionNumbers(
+            dot_dimension_numbers=(([1], [0]), ([], [])), lhs_ragged_dimensions=[1], rhs_group_dimensions=[]
+        )
+        out = lax.ragged_dot_general(a, b, sizes, numbers, preferred_element_type=accumulate)
+    return out.astype(dtype)

@@ -385,8 +385,11 @@ def _rounding(dtype):
 def _linear_bins(x, lo, hi, bins: int):
     """Bin of each ``x`` among ``bins`` equal bins of ``[lo, hi]`` (the last
     one closed), as torch computes it, and whether it falls inside."""
-    r = _rounding(x.dtype)
-    index = jnp.floor(r(r(r(x - lo) * bins) / r(hi - lo))).astype(jnp.int64)
+    if jnp.issubdtype(x.dtype, jnp.integer):  # CUDA's integer arithmetic (Note [CUDA's histc])
+        index = (x.astype(jnp.int64) - lo) * bins // (hi.astype(jnp.int64) - lo)
+    else:
+        r = _rounding(x.dtype)
+        index = jnp.floor(r(r(r(x - lo) * bins) / r(hi - lo))).astype(jnp.int64)
     index = jnp.where(x == hi, bins - 1, index)
     inside = (x >= lo) & (x <= hi) & ~jnp.isnan(x)
     return jnp.clip(index, 0, bins - 1), inside
