@@ -62,6 +62,20 @@ def test_repr_matches_cuda_style():
     g = torch.ones(2).to("tpu").requires_grad_()
     assert repr(g) == "tensor([1., 1.], device='tpu:0', requires_grad=True)"
     assert "grad_fn=<MulBackward0>" in repr(g * 2)
+    p = torch.nn.Parameter(torch.ones(1).to("tpu"))
+    assert repr(p) == "Parameter containing:\ntensor([1.], device='tpu:0', requires_grad=True)"
+
+
+def test_a_0d_tensor_formats_as_its_number():
+    """torch's ``__format__`` (f-strings, ``format``) for ``type(self) is Tensor`` only:
+    ``f"expert_{idx}"`` was ``expert_tensor(0, device='tpu:0')`` (SwitchTransformers'
+    KeyError) and ``f"{loss:.4f}"`` raised TypeError."""
+    for d in ("cpu", "tpu"):
+        i, x = torch.tensor(3).to(d), torch.tensor(2.5).to(d)
+        assert (f"expert_{i}", f"{x:.3f}", f"{i:>3}", format(x > 1)) == ("expert_3", "2.500", "  3", "True")
+        assert f"{torch.nn.Parameter(x)}".startswith("Parameter containing:\ntensor(2.5000")
+        with pytest.raises(TypeError, match="unsupported format string passed to"):
+            f"{torch.ones(2).to(d):.2f}"
 
 
 def test_numpy_fails_as_on_cuda():

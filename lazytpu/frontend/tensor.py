@@ -571,6 +571,13 @@ class LazyTensor(torch.Tensor):
     def __array__(self, dtype=None, copy=None):
         return self.numpy()
 
+    def __format__(self, format_spec: str) -> str:
+        """torch's: a 0-d tensor formats as its number (``f"{loss:.4f}"``), which
+        torch does only for ``type(self) is Tensor`` (not a ``Parameter``)."""
+        if self.dim() == 0 and not getattr(self, "_is_param", False):
+            return self.detach().item().__format__(format_spec)
+        return object.__format__(self, format_spec)
+
     def __repr__(self, *, tensor_contents=None) -> str:
         from torch._tensor_str import _str, _tensor_str
 
@@ -585,4 +592,5 @@ class LazyTensor(torch.Tensor):
             suffix += f", grad_fn=<{type(self.grad_fn).__name__}>"
         elif self.requires_grad:
             suffix += ", requires_grad=True"
-        return head + suffix + ")"
+        prefix = "Parameter containing:\n" if getattr(self, "_is_param", False) else ""  # torch's Parameter's
+        return prefix + head + suffix + ")"
