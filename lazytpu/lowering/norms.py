@@ -70,3 +70,17 @@ def renorm(x, p, dim, maxnorm):
     norms = p_norm(_norm_acc(x, None), p, ax, True)
     factor = jnp.where(norms > maxnorm, maxnorm / (norms + 1e-7), 1.0)
     return x * factor.astype(x.dtype)
+
+
+@lowering(aten._weight_norm_interface_backward.default)
+def weight_norm_backward(grad_w, v, g, norms, dim):
+    """CPU's kernel: with ``s`` the sum over each slice along ``dim`` of
+    ``grad_w * v``, ``grad_g = s / norm`` and ``grad_v = (g / norm) * grad_w -
+    (g / norm) * (grad_g / norm) * v`` (half precision accumulates in float32)."""
+    acc = jnp.float32 if v.dtype in (jnp.float16, jnp.bfloat16) else v.dtype
+    grad_w, v32, g32, norms = (t.astype(acc) for t in (grad_w, v, g, norms))
+    ax = tuple(d for d in range(v.ndim) if d != dim % v.ndim)
+    grad_g = jnp.sum(grad_w * v32, axis=ax, keepdims=True) / norms
+    a = g32 / norms
+    b = a * grad_g / norms
+    return (a * grad_w - b * v32).astype(v.dtype), grad_g.astype(g.dtype)
