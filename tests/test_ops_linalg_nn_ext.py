@@ -600,6 +600,19 @@ def test_out_forms_of_composite_kernels_write_their_out_tensor():
     assert _written_out("tpu") == _written_out("cpu")
 
 
+@pytest.mark.parametrize("out", [torch.zeros(()), torch.zeros(0), torch.zeros((), dtype=torch.int64)])
+def test_matrix_rank_into_an_out_tensor_of_another_device_raises_cpus_error(out):
+    """It wrote the rank into the CPU tensor (or failed inside lazytpu)."""
+    m = torch.eye(3).to("tpu")
+    with pytest.raises(
+        RuntimeError,
+        match="^torch.linalg.matrix_rank: Expected result and input tensors to be on the "
+        "same device, but got result on cpu and input on tpu:0$",
+    ):
+        torch.linalg.matrix_rank(m, out=out)
+    assert out.sum().item() == 0
+
+
 @pytest.mark.parametrize("uplo", ["U", "u", "L", "l"])
 def test_eigh_reads_the_triangle_uplo_names_in_either_case(uplo):
     a = torch.randn(4, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # not symmetric

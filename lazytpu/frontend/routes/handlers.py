@@ -515,6 +515,11 @@ def _matrix_rank_out(functional):
     resized as ``out=`` tensors are, after CPU's dtype check."""
 
     def kernel(*args, out, **kwargs):
+        if out.device != args[0].device:  # CPU's checks, in CPU's order
+            raise RuntimeError(
+                "torch.linalg.matrix_rank: Expected result and input tensors to be on the same device, but got "
+                f"result on {out.device} and input on {args[0].device}"
+            )
         if not torch.can_cast(torch.long, out.dtype):
             raise RuntimeError(
                 "torch.linalg.matrix_rank: Expected result to be safely castable from Long dtype, but got "
