@@ -509,10 +509,8 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reducti
 
 
 def _matrix_rank_out(functional):
-    """``linalg.matrix_rank(..., out=t)``: torch's composite kernel computes a
-    new tensor for a tensor subclass and leaves ``t`` unwritten (under a
-    ``TorchDispatchMode`` on CPU too); here the result is written into ``t``,
-    resized as ``out=`` tensors are, after CPU's dtype check."""
+    """``linalg.matrix_rank(..., out=t)``: torch's composite kernel leaves ``t`` unwritten for a tensor
+    subclass (under a ``TorchDispatchMode`` on CPU too); here ``t`` is resized and written, after CPU's checks."""
 
     def kernel(*args, out, **kwargs):
         if out.device != args[0].device:  # CPU's checks, in CPU's order
