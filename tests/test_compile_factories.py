@@ -30,6 +30,9 @@ FACTORIES = {
     "int_constant": lambda x: x * torch.tensor([3, -1], device=x.device),
     "scalar_constant": lambda x: x - torch.tensor(0.5, device=x.device, dtype=torch.float64),
     "bf16_constant": lambda x: x.bfloat16() * torch.tensor([1.5, 0.25], device=x.device, dtype=torch.bfloat16),
+    # a CPU constant moved, then computed with (Note [No tpu constants in fake mode]): Mamba's cache, DETR's loss
+    "moved_constant_add_": lambda x: x + torch.tensor(0, dtype=torch.int64).to(x.device).add_(x.shape[-1]),
+    "moved_constant_div": lambda x: x * torch.clamp(torch.as_tensor([3.0], device=x.device) / 2, min=1),
 }
 
 

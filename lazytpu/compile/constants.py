@@ -23,6 +23,7 @@ Outside a fake mode ``lift_fresh`` stays the alias it is.
 from __future__ import annotations
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import _disable_current_modes
 
 from lazytpu.frontend import hostio
@@ -44,3 +45,22 @@ def lift_fresh(func, args, kwargs):
     with _disable_current_modes():
         host = hostio.to_cpu(t)  # its value came from the host: no program runs
     return func(host).to(t.device)
+
+
+# Note [No tpu constants in fake mode]: a fake tensor keeps the real value of
+# a small constant (``torch.tensor(0)``) and computes ops on all-constant
+# inputs for real, with Python dispatch off (``no_dispatch``). Moving such a
+# constant with ``.to(tpu)`` made a real tpu tensor its constant; the next op
+# on it (Mamba's cache ``c.add_(n)``, DETR's ``num_boxes / world_size``) then
+# ran with lazytpu's dispatch off, where no kernel exists, and failed dynamo's
+# trace with "func != nullptr INTERNAL ASSERT FAILED". A tpu result is never
+# made a constant: the op is traced as any other, as for a device without
+# real tensors under tracing.
+_may_turn_const = FakeTensorMode.may_turn_const
+
+
+def _may_turn_const_off_tpu(self, t) -> bool:
+    return t.device.type != "tpu" and _may_turn_const(self, t)
+
+
+FakeTensorMode.may_turn_const = _may_turn_const_off_tpu
