@@ -232,6 +232,10 @@ CASES = {
     "randint_like_bool_high": lambda d: torch.randint_like(_t(3, dtype=torch.bool).to(d), 10),
     "normal_int_mean": lambda d: torch.normal(_t(3, dtype=torch.int32).to(d), _t(3).to(d)),
     "rrelu_int": lambda d: F.rrelu(_t(3, dtype=torch.int32).to(d), training=True),
+    # messages that name the argument's type (Note [Type name])
+    "add_str": lambda d: _t(3).to(d) + "a",
+    "stack_of_a_tensor": lambda d: torch.stack(_t(3).to(d)),
+    "masked_fill_str": lambda d: _t(3).to(d).masked_fill(_t(3).to(d) > 0, "a"),
 }
 
 

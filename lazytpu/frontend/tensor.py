@@ -594,3 +594,10 @@ class LazyTensor(torch.Tensor):
             suffix += ", requires_grad=True"
         prefix = "Parameter containing:\n" if getattr(self, "_is_param", False) else ""  # torch's Parameter's
         return prefix + head + suffix + ")"
+
+
+# Note [Type name]: torch's argument parser and Python's operator errors name an
+# argument by its type's ``__name__`` ("must be tuple of Tensors, not Tensor",
+# "unsupported operand type(s) for +: 'Tensor' and 'str'"), so a tpu tensor's is
+# CPU's. The class keeps its qualified name, by which pickle and ``repr`` find it.
+LazyTensor.__name__ = "Tensor"
