@@ -296,6 +296,21 @@ def test_rrelu_training_draws_and_writes_noise():
     torch.testing.assert_close(grad, noise)
 
 
+def test_rrelu_in_place_training_runs_on_the_device():
+    leaf = torch.randn(200).to("tpu").requires_grad_()
+    with no_fallback():
+        x = leaf * 1
+        out = torch.nn.functional.rrelu_(x, 0.1, 0.3, training=True)
+        out.sum().backward()
+    assert out is x
+    x, base, grad = x.detach().cpu(), leaf.detach().cpu(), leaf.grad.cpu()
+    negative = base <= 0
+    torch.testing.assert_close(x[~negative], base[~negative])
+    slope = x[negative] / base[negative]
+    assert torch.all((slope >= 0.1) & (slope < 0.3)) and len(slope.unique()) > 10
+    torch.testing.assert_close(grad[negative], slope)
+
+
 # -- embedding max_norm (embedding_renorm_) ---------------------------------------------
 
 

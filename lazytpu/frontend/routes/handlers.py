@@ -591,10 +591,10 @@ def random_factory_out(func, args, kwargs):
     return out
 
 
-@handles(aten.rrelu_with_noise.default)
+@handles(aten.rrelu_with_noise.default, aten.rrelu_with_noise_.default)
 def rrelu_with_noise(func, args, kwargs):
     """``rrelu_with_noise`` writes its ``noise`` argument in training: the
-    functional op, then the write."""
+    functional op, then the writes (``rrelu_`` in training: its input's too)."""
     out, noise = aten.rrelu_with_noise_functional.default(*args, **kwargs)
     args[1].copy_(noise)
-    return out
+    return args[0].copy_(out) if func is aten.rrelu_with_noise_.default else out
