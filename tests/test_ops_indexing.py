@@ -115,6 +115,30 @@ def test_data_dependent_ops_sync_and_continue(name):
     assert out.device.type == "tpu"
 
 
+NONZERO_STATIC = {
+    "padded": (torch.tensor([[0.0, 1.0], [2.0, 0.0]]), 4, -1),
+    "cut": (torch.tensor([[0.0, 1.0], [2.0, 0.0]]), 1, 7),
+    "transposed": (torch.tensor([[0.0, 1.0], [2.0, 3.0]]).t(), 3, -1),
+    "bool_3d": (torch.arange(24).reshape(2, 3, 4) % 3 == 0, 5, 0),
+    "complex": (torch.tensor([1 + 1j, 0j, 2j]), 3, -2),
+    "scalar": (torch.tensor(3.0), 2, -1),
+    "empty": (torch.zeros(2, 0, 3), 2, 5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NONZERO_STATIC))
+@pytest.mark.parametrize("mode", ["defer", "strict"])
+def test_nonzero_static_is_lowered(name, mode):
+    """Its size is given, so it is recorded (no sync, no CPU run), with CPU's
+    values, fill rows and contiguous layout."""
+    x, size, fill = NONZERO_STATIC[name]
+    lazytpu.metrics.reset()
+    out = run_both(lambda t: torch.nonzero_static(t * 1, size=size, fill_value=fill), x, mode_name=mode)
+    assert out.stride() == torch.nonzero_static(x, size=size).stride()
+    snap = lazytpu.metrics.snapshot()
+    assert snap["cpu_fallbacks"] == {} and "data_dependent" not in snap["syncs"]
+
+
 CPU_INDEXING = {
     "index": lambda x, i, m: x[i],
     "index_mask": lambda x, i, m: x[m],

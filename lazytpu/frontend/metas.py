@@ -323,13 +323,16 @@ def _attention_layout(func, dropout: int):
     return run
 
 
-def _dense(func):
+def _dense(func, *, padded_only: bool = True):
     """``func``'s meta outputs with CPU's dense strides where the meta kernel pads
-    them as CUDA's kernel does (the attention bias gradient: last dim to 16)."""
+    them as CUDA's kernel does (the attention bias gradient: last dim to 16), or
+    everywhere (``padded_only=False``: ``nonzero_static``, column-major as CUDA's)."""
 
     def run(*args, **kwargs):
         def dense(m):
-            if not isinstance(m, torch.Tensor) or torch._prims_common.is_non_overlapping_and_dense_or_false(m):
+            if not isinstance(m, torch.Tensor) or (
+                padded_only and torch._prims_common.is_non_overlapping_and_dense_or_false(m)
+            ):
                 return m
             return m.as_strided(m.shape, torch._prims_common.make_contiguous_strides_for(m.shape))
 
@@ -366,6 +369,7 @@ FIXES = {
     aten._scaled_dot_product_fused_attention_overrideable.default: _attention_layout(
         aten._scaled_dot_product_fused_attention_overrideable.default, dropout=1
     ),
+    aten.nonzero_static.default: _dense(aten.nonzero_static.default, padded_only=False),
     aten._embedding_bag.default: _embedding_bag_dims(aten._embedding_bag.default),
     aten._embedding_bag_forward_only.default: _embedding_bag_dims(aten._embedding_bag_forward_only.default),
     aten.fractional_max_pool3d.default: _fractional_max_pool3d,

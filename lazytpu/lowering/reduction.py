@@ -197,6 +197,16 @@ def count_nonzero(x, dim=None):
     return jnp.sum(x != 0, axis=axes(x, dim), dtype=jnp.int64)
 
 
+@lowering(aten.nonzero_static.default)
+def nonzero_static(x, *, size, fill_value=-1):
+    """The indices of the first ``size`` nonzero elements in row-major order, a
+    row each, then rows of ``fill_value``: a static shape, unlike ``nonzero``."""
+    if x.ndim == 0 or x.size == 0:  # no index columns, or nothing found (jnp.nonzero would not fill)
+        return jnp.full((size, x.ndim), fill_value, jnp.int64)
+    found = jnp.nonzero(x, size=size, fill_value=fill_value)
+    return jnp.stack(found, axis=1).astype(jnp.int64)
+
+
 # -- log-sum-exp and scans -----------------------------------------------------
 
 

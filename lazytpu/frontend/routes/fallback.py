@@ -29,7 +29,6 @@ DATA_DEPENDENT = frozenset(
     {
         aten.nonzero.default,
         aten.nonzero.out,
-        aten.nonzero_static.default,
         aten.argwhere.default,
         aten.masked_select.default,
         aten._unique2.default,
