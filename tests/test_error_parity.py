@@ -293,6 +293,10 @@ AT_CALL_CASES = {
     "searchsorted_uint8_sorter_right": lambda d: torch.searchsorted(
         _t(2, 3).to(d), _t(2, 1).to(d), right=True, sorter=torch.zeros(2, 3, dtype=torch.uint8).to(d)
     ),
+    "repeat_interleave_float_repeats": lambda d: torch.repeat_interleave(_t(2).to(d), output_size=1),
+    "repeat_interleave_2d_repeats": lambda d: torch.repeat_interleave(
+        torch.ones(1, 2, dtype=torch.long).to(d), output_size=2
+    ),
     # found by the bad-call fuzzer (tests/fuzzbad.py)
     "index_add_source_dtype": lambda d: (
         torch.zeros(3, 4, dtype=torch.int64).to(d).index_add_(0, torch.tensor([0]).to(d), torch.ones(1, 4).to(d))

@@ -147,6 +147,18 @@ CASES = {
         ),
         aten.searchsorted.Tensor,
     ),
+    "repeat_interleave_sum": (
+        lambda d: torch.repeat_interleave(torch.tensor([1, 2]).to(d), output_size=4),
+        aten.repeat_interleave.Tensor,
+    ),
+    "repeat_interleave_negative": (  # the sum is right (CPU's next check)
+        lambda d: torch.repeat_interleave(torch.tensor([3, 0, -1]).to(d), output_size=2),
+        aten.repeat_interleave.Tensor,
+    ),
+    "repeat_interleave_negative_sum": (
+        lambda d: torch.repeat_interleave(torch.tensor([-1, 0]).to(d), output_size=0),
+        aten.repeat_interleave.Tensor,
+    ),
     # Note [Non-finite matrices]
     "svd_nan": (lambda d: torch.linalg.svd(_nan_matrix(d)), aten._linalg_svd.default),
     "matrix_rank_nan": (lambda d: torch.linalg.matrix_rank(_nan_matrix(d)), aten._linalg_svd.default),
@@ -387,6 +399,8 @@ def test_a_failed_random_op_spares_the_random_state(eager_mode):
         lambda d: F.embedding_bag(torch.tensor([1, 2, 0, 1]).to(d), _x(d), torch.tensor([0, 2, 2, 4]).to(d)),
         lambda d: F.embedding_bag(torch.tensor([[1, 2], [0, 1]]).to(d), _x(d), mode="max"),
         lambda d: torch.searchsorted(torch.tensor([3.0, 1.0, 2.0]).to(d), 2.5, sorter=torch.tensor([1, 2, 0]).to(d)),
+        lambda d: torch.repeat_interleave(torch.tensor([2, 0, 1]).to(d), output_size=3),
+        lambda d: torch.repeat_interleave(_x(d), torch.tensor([0, 2, 1]).to(d), dim=0, output_size=3),
     ],
 )
 def test_good_values_pass(fn):

@@ -572,8 +572,7 @@ class LazyTensor(torch.Tensor):
         return self.numpy()
 
     def __format__(self, format_spec: str) -> str:
-        """torch's: a 0-d tensor formats as its number (``f"{loss:.4f}"``), which
-        torch does only for ``type(self) is Tensor`` (not a ``Parameter``)."""
+        """A 0-d tensor formats as its number (``f"{loss:.4f}"``), a ``Parameter`` not, as in torch."""
         if self.dim() == 0 and not getattr(self, "_is_param", False):
             return self.detach().item().__format__(format_spec)
         return object.__format__(self, format_spec)
@@ -596,8 +595,6 @@ class LazyTensor(torch.Tensor):
         return prefix + head + suffix + ")"
 
 
-# Note [Type name]: torch's argument parser and Python's operator errors name an
-# argument by its type's ``__name__`` ("must be tuple of Tensors, not Tensor",
-# "unsupported operand type(s) for +: 'Tensor' and 'str'"), so a tpu tensor's is
-# CPU's. The class keeps its qualified name, by which pickle and ``repr`` find it.
+# Note [Type name]: errors name an argument by its type's ``__name__`` ("must be tuple of Tensors, not
+# Tensor"); a tpu tensor's is CPU's, its qualified name (by which pickle finds it) LazyTensor.
 LazyTensor.__name__ = "Tensor"

@@ -67,6 +67,14 @@ def _bad_lengths(x, n):
     return jnp.where(jnp.any(negative), negative, jnp.broadcast_to(x.sum(-1, keepdims=True) != n, x.shape))
 
 
+def _bad_repeats(x, n):
+    """CPU's order: the sum against ``n`` (marked at the first repeat that is not
+    negative, else the first), then each negative repeat."""
+    negative = x < 0
+    first = jnp.arange(x.shape[0]) == jnp.argmax(~negative)
+    return jnp.where(x.sum() != n, first, negative)
+
+
 def _in_triangle(bad, triangle):
     """``bad`` where a matrix kernel reads (``"L"``/``"U"``: one triangle of each matrix, as ``eigh``)."""
     if triangle == "L":
@@ -91,6 +99,7 @@ PREDICATES = {
     "nonzero": _zero,
     "finite": _not_finite,
     "lengths": _bad_lengths,
+    "repeats": _bad_repeats,
     "svd_finite": _not_finite,
 }
 

@@ -228,3 +228,11 @@ def index_fill(x, dim, index, value):
 @lowering(aten.take)
 def take(x, index):
     return x.reshape(-1)[_wrap(index, x.size)]
+
+
+@lowering(aten.repeat_interleave.Tensor)
+def repeat_interleave(repeats, *, output_size):
+    """Each position ``i`` written ``repeats[i]`` times. Only a call given its
+    ``output_size`` gets here (a static shape; its value check holds the sum to
+    it); without one the op is data-dependent (Note [Data-dependent shapes])."""
+    return jnp.repeat(jnp.arange(repeats.shape[0], dtype=repeats.dtype), repeats, total_repeat_length=output_size)

@@ -25,6 +25,7 @@ _KERNEL_ERRORS = re.compile(
     r"|Integer division with addcdiv|doesn't support tensors of type|(from|to - 1) is out of bounds for"
     r"|sorter must be a tensor of long dtype"  # searchsorted's sorter
     r"|boundaries tensor must be 1 dimension"  # bucketize
+    r"|only accept 1D vector as repeat"  # repeat_interleave
     r"|boundaries tensor should have positive dimension"  # searchsorted
     r"|Expected object of scalar type"  # complex, polar: both parts of one dtype
     r"|backward calculation is triggered with a negative slope"
@@ -78,6 +79,7 @@ _KERNEL_CHECKED = frozenset(
         "addbmm",
         "bucketize",
         "searchsorted",
+        "repeat_interleave",
         "index_reduce",
         "scatter_reduce",
         "complex",

@@ -4,7 +4,8 @@ Note [Value checks]: some of CPU torch's checks read data: an index out of
 range (``x[i]``, gather/scatter, index_select/add/copy/fill, take/put,
 embedding, ``searchsorted``'s ``sorter``), an ``nll_loss``/``cross_entropy`` target out of range, negative
 or non-finite ``multinomial`` probabilities, ``bernoulli`` probabilities
-outside [0, 1], a negative ``normal`` std or ``poisson`` rate, ``_segment_reduce`` lengths, an integer
+outside [0, 1], a negative ``normal`` std or ``poisson`` rate, ``_segment_reduce`` lengths,
+``repeat_interleave``'s repeats against its ``output_size``, an integer
 division by zero, a non-finite matrix of a decomposition (Note [Non-finite matrices]). On
 ``tpu`` the data is not on the host when the op is recorded, and reading it
 there would cut the program and make the host wait for the device at every
@@ -203,6 +204,20 @@ def _bad_lengths(shape, dtype, check: Check, position: int, value) -> torch.Tens
     return _one_bad(shape, dtype, check, position, value if value < 0 else int(check.params[0] == 0))
 
 
+def _bad_repeats(shape, dtype, check: Check, position: int, value) -> torch.Tensor:
+    """Repeats summing to other than ``output_size``, or a negative one among
+    repeats that sum to it (the first marks a sum, the second a negative repeat),
+    put last: CPU's kernel writes out of bounds when a negative repeat comes
+    before another one it accepts."""
+    total = check.params[0]
+    bad = torch.zeros(shape, dtype=dtype)
+    if value >= 0 or shape[0] == 1:
+        bad[0] = int(total == 0)
+    else:
+        bad[0], bad[-1] = total - value, value
+    return bad
+
+
 def _nan(shape, dtype, check: Check, position: int, value) -> torch.Tensor:
     return _one_bad(shape, dtype, check, position, float("nan"))
 
@@ -215,6 +230,7 @@ _REPLAYS = {
     "finite": _non_finite,
     "svd_finite": _nan,
     "lengths": _bad_lengths,
+    "repeats": _bad_repeats,
 }
 
 
@@ -435,6 +451,15 @@ def _segment_lengths(data, reduce, *, lengths=None, axis=0, unsafe=False, **kwar
     if unsafe or lengths is None or not _integral(lengths):
         return []
     return [(lengths, "lengths", (_size(data, axis),), 0)]
+
+
+@checks(aten.repeat_interleave.Tensor)
+def _repeats(repeats, *, output_size=None):
+    """With an ``output_size`` (else the op is data-dependent): repeats summing
+    to it, none negative."""
+    if output_size is None or not _integral(repeats) or repeats.dim() != 1:
+        return []
+    return [(repeats, "repeats", (output_size,), 0)]
 
 
 # Note [Non-finite matrices]: CPU's LAPACK kernels refuse a matrix holding a
