@@ -17,6 +17,7 @@ import contextlib
 import functools
 
 import torch
+from torch._prims_common import make_contiguous_strides_for
 
 from lazytpu import _caches, _dtypes
 from lazytpu.frontend.checks.probe import run_on
@@ -317,8 +318,8 @@ def _attention_layout(func, dropout: int):
             and query.size(-1) == key.size(-1) == value.size(-1)
             and query.stride(-1) == key.stride(-1) == value.stride(-1) == 1
         )
-        like = torch.empty_like(query) if flash else torch.empty(query.shape[:-1] + value.shape[-1:], device="meta")
-        return out[0].as_strided(out[0].shape, like.stride()), *out[1:]
+        strides = torch.empty_like(query).stride() if flash else make_contiguous_strides_for(out[0].shape)
+        return out[0].as_strided(out[0].shape, strides), *out[1:]
 
     return run
 
@@ -334,7 +335,7 @@ def _dense(func, *, padded_only: bool = True):
                 padded_only and torch._prims_common.is_non_overlapping_and_dense_or_false(m)
             ):
                 return m
-            return m.as_strided(m.shape, torch._prims_common.make_contiguous_strides_for(m.shape))
+            return m.as_strided(m.shape, make_contiguous_strides_for(m.shape))
 
         return torch.utils._pytree.tree_map(dense, func(*args, **kwargs))
 
