@@ -224,6 +224,27 @@ def test_graph_break_runs_eager_parts():
     assert_close(fn(-xt).cpu(), _with_break(-x))  # the other branch
 
 
+def _check_labels(x, labels):
+    if labels.max() >= 20:  # the branch reads a tensor: a graph break (wav2vec2's CTC loss)
+        raise ValueError("bad labels")
+    return x * 2 + 1
+
+
+def test_a_branch_on_a_tensor_breaks_the_graph_as_on_cpu():
+    """The read that decides the branch runs lazytpu's dispatcher, which compiles
+    a program; nothing under it is compiled by dynamo (Note [Dynamo hooks])."""
+    from torch._dynamo.utils import counters
+
+    breaks = {}
+    for device, backend in (("cpu", "eager"), ("tpu", "tpu")):
+        torch._dynamo.reset()
+        counters.clear()
+        x, labels = torch.randn(4, 7).to(device), torch.tensor([[3, 4, 5], [6, 7, 8]]).to(device)
+        assert_close(torch.compile(_check_labels, backend=backend)(x, labels).cpu(), x.cpu() * 2 + 1)
+        breaks[device] = dict(counters["graph_break"])
+    assert breaks["tpu"] == breaks["cpu"]
+
+
 def test_batchnorm_running_stats_are_updated():
     torch.manual_seed(3)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU())

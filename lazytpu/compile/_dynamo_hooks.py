@@ -20,7 +20,10 @@ tensors, installed together right after ``torch._dynamo`` is imported
    (``trace_rules.add``): after a graph break the eager ops run through
    lazytpu's dispatcher and into JAX, which dynamo must not try to compile as
    user code (skipping is per frame: a skipped lazytpu function calling JAX
-   would otherwise have JAX's frames traced). Compiled graphs run with dynamo
+   would otherwise have JAX's frames traced). The dispatcher, the way in from
+   torch's C++ (``__torch_dispatch__``), is skipped with every frame under it:
+   Python's ``logging``, which JAX's compiler calls, was compiled as user code,
+   one more graph break after each data-dependent branch. Compiled graphs run with dynamo
    disabled outright (``torch.compiler.disable``). One module is traced:
    ``lazytpu.generation``, whose step functions are plain torch code written
    to be compiled (Note [Static generation] in lazytpu.generation).
@@ -89,6 +92,8 @@ def install() -> None:
         _STATE.installed = True
     from torch._dynamo import trace_rules
     from torch._dynamo.backends.registry import register_backend
+    from torch._dynamo.eval_frame import set_code_exec_strategy
+    from torch._dynamo.types import FrameAction, FrameExecStrategy
     from torch._dynamo.variables import builder
 
     from lazytpu.frontend.routes.higher_order import register_dense_kernels
@@ -112,6 +117,8 @@ def install() -> None:
     register_dense_kernels()  # the HOPs of torch's modules imported since (Note [Higher-order operators])
     for package in _skipped_modules():
         trace_rules.add(package)
+    skip_all_below = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
+    set_code_exec_strategy(LazyTensor.__torch_dispatch__.__func__.__code__, skip_all_below)
     for name in _BACKEND_NAMES:
         register_backend(compiler_fn=compile_backend, name=name)
 
