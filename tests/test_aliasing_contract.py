@@ -10,6 +10,7 @@ failure names the first write whose effect differs from CPU torch.
 from __future__ import annotations
 
 import gc
+import math
 import os
 import re
 import warnings
@@ -752,3 +753,29 @@ def test_ffts_return_cpus_layout(op):
     (stride, flat), (cpu_stride, cpu_flat) = run("tpu"), run("cpu")
     assert stride == cpu_stride
     torch.testing.assert_close(flat, cpu_flat, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape", "driver"),
+    [((5, 3), (5, 2), None), ((3, 5), (3, 2), "gelsd"), ((2, 4, 4), (2, 4, 1), "gelsy"), ((2, 5, 3), (2, 5), None)],
+    ids=["tall", "wide", "batch_one_column", "batch_vector"],
+)
+def test_lstsq_solution_is_a_window_on_lapacks_buffer(a_shape, b_shape, driver):
+    """CPU's ``lstsq`` solves in place in a column-major buffer of max(m, n) rows
+    and returns its first n: strides with a gap, so ``view(-1)`` of a tall
+    system's solution fails there too."""
+
+    def run(d):
+        a = torch.arange(math.prod(a_shape), dtype=torch.float32).reshape(a_shape).sin().to(d)
+        b = torch.arange(math.prod(b_shape), dtype=torch.float32).reshape(b_shape).cos().to(d)
+        solution = torch.linalg.lstsq(a, b, driver=driver).solution
+        try:
+            solution.view(-1)
+            viewed = None
+        except RuntimeError as exc:
+            viewed = str(exc)
+        return solution.stride(), viewed, solution.cpu()
+
+    expected, got = run("cpu"), run("tpu")
+    assert got[:2] == expected[:2]
+    torch.testing.assert_close(got[2], expected[2], atol=1e-4, rtol=1e-4)

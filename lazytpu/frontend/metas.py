@@ -118,7 +118,9 @@ def _lstsq(a, b, rcond=None, *, driver=None):
     b2 = b.unsqueeze(-1) if vector else b
     batch = torch.broadcast_shapes(a.shape[:-2], b2.shape[:-2])
     k = b2.shape[-1]
-    solution = a.new_empty(batch + ((n,) if vector else (n, k)))
+    # CPU's layout: the first n rows of a column-major buffer of max(m, n) rows, which LAPACK solved in place
+    solution = a.new_empty(batch + (k, max(m, n))).mT[..., :n, :]
+    solution = solution.squeeze(-1) if vector else solution
     real = a.dtype.to_real()
     residuals = a.new_empty(batch + (k,) if driver != "gelsy" and m > n else (0,), dtype=real)
     rank = a.new_empty(batch if driver != "gels" else (0,), dtype=torch.int64)
