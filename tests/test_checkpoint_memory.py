@@ -98,6 +98,25 @@ def test_a_dropout_mask_is_recomputed_as_it_was_drawn():
     _assert_same(_step("tpu", checkpointed=True, dropout=0.5, layers=2), plain)
 
 
+def _dropped(t):
+    return torch.nn.functional.dropout(t * 2, 0.5, training=True)
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_a_checkpoints_recomputation_draws_what_the_forward_drew(reentrant):
+    """Its gradient is that of the forward's mask, and what is drawn after the
+    backward is what would be drawn had the recomputation not run."""
+    x = torch.randn(64, 32).to("tpu").requires_grad_()
+    torch.manual_seed(3)
+    y = checkpoint(_dropped, x, use_reentrant=reentrant)
+    y.sum().backward()
+    after = torch.rand(8, device="tpu")
+    torch.testing.assert_close(x.grad.cpu(), (y != 0).float().cpu() * 4)
+    torch.manual_seed(3)
+    _dropped(x)
+    torch.testing.assert_close(after.cpu(), torch.rand(8, device="tpu").cpu())
+
+
 def test_strict_mode_checkpointing_matches_cpu():
     with torch.tpu.set_eager_mode("strict"):
         _assert_same(_step("tpu", checkpointed=True, layers=2), _step("cpu", checkpointed=True, layers=2))

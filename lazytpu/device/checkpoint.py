@@ -28,7 +28,7 @@ Nothing is added in strict mode (each op already runs on its own), when
 nothing is pending (the forward has run: nothing to merge with), or for
 inputs that are not on ``tpu``. Reentrant checkpointing
 (``use_reentrant=True``) recomputes inside its own backward call and is not
-covered.
+covered (its random state is: Note [Recomputed random ops]).
 """
 
 from __future__ import annotations
@@ -110,7 +110,9 @@ def ordered_copies(tensors: list) -> list:
 # inputs (``save_inputs``), put back for the recomputation and restored after
 # it, with no host read and no sync: the recomputation draws what the forward
 # drew, and what follows draws as if it had not run. Always, as if
-# ``preserve_rng_state=True`` (the default).
+# ``preserve_rng_state=True`` (the default). Reentrant checkpointing
+# (``CheckpointFunction``) alike: its forward keeps the state its inputs'
+# devices had before it ran, for the ``run_function`` its backward runs again.
 
 
 def _random_states(tensors) -> dict:
@@ -160,6 +162,21 @@ def _saving_random_state(save_inputs):
     return wrapper
 
 
+def _reentrant_saving_random_state(forward):
+    """``CheckpointFunction.forward``, also keeping the random state for its backward's recomputation."""
+
+    @functools.wraps(forward)
+    def wrapper(ctx, run_function, preserve_rng_state, *args):
+        states = _random_states(args)
+        out = forward(ctx, run_function, preserve_rng_state, *args)
+        if states:
+            ctx.run_function = _with_forward_random_state(ctx.run_function, states)
+        return out
+
+    wrapper.lazytpu_wrapped = True
+    return wrapper
+
+
 def _ordered_inputs(get_inputs):
     """``_CheckpointFrame.get_inputs``, its tensors through the barrier."""
 
@@ -174,9 +191,12 @@ def _ordered_inputs(get_inputs):
 def register() -> None:
     """Idempotent: the barrier on the inputs of non-reentrant checkpointing's
     recomputation (Note [Recomputation barrier]) and the forward's random
-    state for it (Note [Recomputed random ops])."""
+    state for it, and for reentrant checkpointing's (Note [Recomputed random ops])."""
     frame = torch_checkpoint._CheckpointFrame
     if not getattr(frame.get_inputs, "lazytpu_wrapped", False):
         frame.get_inputs = _ordered_inputs(frame.get_inputs)
     if not getattr(frame.save_inputs, "lazytpu_wrapped", False):
         frame.save_inputs = _saving_random_state(frame.save_inputs)
+    reentrant = torch_checkpoint.CheckpointFunction
+    if not getattr(reentrant.forward, "lazytpu_wrapped", False):
+        reentrant.forward = staticmethod(_reentrant_saving_random_state(reentrant.forward))
