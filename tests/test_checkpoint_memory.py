@@ -102,13 +102,18 @@ def _dropped(t):
     return torch.nn.functional.dropout(t * 2, 0.5, training=True)
 
 
+@pytest.mark.parametrize("sync", [False, True], ids=["pending", "synced"])
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
-def test_a_checkpoints_recomputation_draws_what_the_forward_drew(reentrant):
+def test_a_checkpoints_recomputation_draws_what_the_forward_drew(reentrant, sync):
     """Its gradient is that of the forward's mask, and what is drawn after the
-    backward is what would be drawn had the recomputation not run."""
+    backward is what would be drawn had the recomputation not run; also after a
+    sync between them (as step segments make), which ran the program that
+    advanced the key the forward had."""
     x = torch.randn(64, 32).to("tpu").requires_grad_()
     torch.manual_seed(3)
     y = checkpoint(_dropped, x, use_reentrant=reentrant)
+    if sync:
+        torch.tpu.synchronize()
     y.sum().backward()
     after = torch.rand(8, device="tpu")
     torch.testing.assert_close(x.grad.cpu(), (y != 0).float().cpu() * 4)

@@ -125,6 +125,26 @@ def test_training_matches_cpu(name, mode):
         torch.testing.assert_close(tpu_grads[key], grad, **tolerance(torch.float32), msg=key)
 
 
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non_reentrant"])
+def test_gradient_checkpointing_with_dropout_gives_the_gradients_without_it(reentrant):
+    """transformers' ``gradient_checkpointing_enable`` (reentrant by default):
+    the recomputed dropout masks are the forward's (Note [Recomputed random
+    ops]), across the sync at the step's first segment."""
+    model = gpt2()
+    model.config.resid_pdrop = model.config.embd_pdrop = model.config.attn_pdrop = 0.3
+    model = GPT2LMHeadModel(model.config)
+    checkpointed = copy.deepcopy(model)
+    checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    grads = []
+    for m in (model, checkpointed):
+        torch.manual_seed(2)
+        _, grad = _train(m, "tpu", steps=1)
+        grads.append(grad)
+    assert grads[0].keys() == grads[1].keys()
+    for key, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][key], grad, rtol=1e-5, atol=1e-6, msg=key)
+
+
 def test_moe_training_matches_cpu_on_the_device():
     """Mixtral's experts as transformers runs them on an accelerator: an int32
     ``histc`` of the tokens per expert (Note [CUDA's histc]) and

@@ -113,24 +113,33 @@ def ordered_copies(tensors: list) -> list:
 # ``preserve_rng_state=True`` (the default). Reentrant checkpointing
 # (``CheckpointFunction``) alike: its forward keeps the state its inputs'
 # devices had before it ran, for the ``run_function`` its backward runs again.
+# A kept state is held by a storage of its own, as a tensor's value is: a sync
+# between the forward and the recomputation (the step's segments, a read)
+# computes it if pending and does not donate its buffer to the program that
+# advances the key (Note [Donation]); kept as a bare value, it was deleted
+# there ("Array has been deleted"), or left a node of a program already run.
 
 
-def _random_states(tensors) -> dict:
-    """The random state of each device of the ``tpu`` tensors among ``tensors``."""
-    indices = {t._lt_storage.graph.index for t in tensors if isinstance(t, LazyTensor)}
+def _held_states(indices) -> dict:
+    """The random state of each device of ``indices``, each held by a storage."""
     states = {}
     for index in indices:
         ctx = engine.context(index)
         with ctx.lock:
-            states[index] = ctx.rng_value()
+            states[index] = Storage(ctx.rng_value(), ctx.graph, (1,))
     return states
 
 
+def _random_states(tensors) -> dict:
+    """The random state of each device of the ``tpu`` tensors among ``tensors``."""
+    return _held_states({t._lt_storage.graph.index for t in tensors if isinstance(t, LazyTensor)})
+
+
 def _set_random_states(states: dict) -> None:
-    for index, value in states.items():
+    for index, held in states.items():
         ctx = engine.context(index)
         with ctx.lock:
-            ctx.random.value = value
+            ctx.random.value = held.value
 
 
 def _with_forward_random_state(recompute_fn, states: dict):
@@ -138,7 +147,7 @@ def _with_forward_random_state(recompute_fn, states: dict):
 
     @functools.wraps(recompute_fn)
     def recompute(*args):
-        after = {index: engine.context(index).random.value for index in states}
+        after = _held_states(states)
         _set_random_states(states)
         try:
             return recompute_fn(*args)
