@@ -46,6 +46,8 @@ CASES = {
     "norm": lambda a, b, c: torch._foreach_norm(a),
     "add__list": lambda a, b, c: torch._foreach_add_(a, b, alpha=2.0),
     "mul__tensor": lambda a, b, c: torch._foreach_mul_(a, _scalar_tensor().to(a[0].device)),
+    "div__cpu_tensor": lambda a, b, c: torch._foreach_div_(a, _scalar_tensor()),  # torch.optim's tensor lr
+    "mul_cpu_tensor": lambda a, b, c: torch._foreach_mul(a, _scalar_tensor()),
     "lerp__list": lambda a, b, c: torch._foreach_lerp_(a, b, c),
     "addcdiv__value": lambda a, b, c: torch._foreach_addcdiv_(a, b, c, value=0.25),
     "sqrt_": lambda a, b, c: torch._foreach_sqrt_(c),

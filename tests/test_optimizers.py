@@ -52,6 +52,27 @@ def test_optimizer_matches_cpu(name, foreach):
     assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {}
 
 
+@pytest.mark.parametrize("name", ["adam", "adamw", "rmsprop"])
+def test_capturable_foreach_step_with_a_tensor_lr_matches_cpu(name):
+    """torch.optim's capturable foreach path divides by the CPU tensor lr
+    (``_foreach_div_(list, lr)``); CPU's reference is its plain loop."""
+    make = OPTIMIZERS[name]
+
+    def capturable(params, **kw):
+        opt = make(list(params), capturable=True, **kw)
+        for group in opt.param_groups:
+            group["lr"] = torch.tensor(group["lr"])
+        return opt
+
+    lazytpu.metrics.reset()
+    tpu_params, tpu_loss = _run("tpu", capturable, True, True, steps=5)
+    cpu_params, cpu_loss = _run("cpu", make, False, True, steps=5)
+    torch.testing.assert_close(tpu_loss, cpu_loss, rtol=1e-4, atol=1e-5)
+    for a, b in zip(tpu_params, cpu_params):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {}
+
+
 def test_strict_mode_sgd_matches_cpu():
     with torch.tpu.set_eager_mode("strict"):
         tpu_params, _ = _run("tpu", OPTIMIZERS["sgd_momentum"], None, True, steps=10)

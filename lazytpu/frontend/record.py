@@ -140,7 +140,9 @@ def pick(leaf):
     return None
 
 
-def _input_value(v, index: int):
+def input_value(v, index: int):
+    """A node's input for the call value ``v``: a tpu tensor's value read through
+    its window, a lifted scalar, or a CPU tensor (a scalar one) copied to the device."""
     if type(v) is LazyTensor:
         return read(v)
     if type(v) is Scalar:
@@ -331,7 +333,7 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: b
         inputs = [
             (v._lt_storage.value if not v._lt_windowed else read(v))
             if type(v) is LazyTensor
-            else _input_value(v, index)
+            else input_value(v, index)
             for v in values
         ]
         if plan.random:

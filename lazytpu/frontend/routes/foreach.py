@@ -327,6 +327,8 @@ def _record(batch: _Batch, values: list):
             v = values[r]
             if type(v) is LazyTensor:
                 inputs.append(v._lt_storage.value if not v._lt_windowed else read(v))
+            elif isinstance(v, torch.Tensor):  # a CPU scalar tensor (torch.optim's tensor lr): as record's
+                inputs.append(record.input_value(v, index))
             else:
                 inputs.append(Scalar(v))
         node = Node(op, spec, tuple(inputs), out_avals, location(3), batch.sig)
