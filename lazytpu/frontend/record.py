@@ -331,9 +331,7 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: b
                 first = False
         ctx.note_task(lane)  # Note [Step segments]: may run the lane, before its values are read
         inputs = [
-            (v._lt_storage.value if not v._lt_windowed else read(v))
-            if type(v) is LazyTensor
-            else input_value(v, index)
+            (v._lt_storage.value if not v._lt_windowed else read(v)) if type(v) is LazyTensor else input_value(v, index)
             for v in values
         ]
         if plan.random:
