@@ -64,7 +64,7 @@ from lazytpu.frontend.windows import read, write_value
 from lazytpu.ir import Aval, Node, Output
 from lazytpu.ir.template import Slot, Template
 from lazytpu.lowering.registry import lowering
-from lazytpu.runtime import executor, memory
+from lazytpu.runtime import executor, memory, persistent
 
 COLLECTIVE = "lazytpu.collective"
 
@@ -176,7 +176,7 @@ def _compile(fn, args, mesh, donate: tuple, on_compile):
         lowered = jax.jit(body, donate_argnums=donate).lower(*args)
     if on_compile is not None:
         on_compile(lowered)
-    compiled = lowered.compile()
+    compiled = persistent.compile_program(lowered)  # Note [Rounding per op]
     metrics.add("compile_seconds", time.perf_counter() - start)
     metrics.add("programs_compiled")
     return compiled

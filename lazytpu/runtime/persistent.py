@@ -125,11 +125,29 @@ def _directory() -> _Directory | None:
     return found if found.usable else None
 
 
+# Note [Rounding per op]: CPU torch rounds each op's result to its dtype; a
+# chain of bfloat16 or float16 ops rounds after every op (``(x @ y) + z``:
+# the product is rounded, then the sum). XLA by default may keep a fused
+# chain's intermediates in float32 ("excess precision") and drop a convert
+# pair that rounds (bf16 -> f32 of f32 -> bf16), so a deferred program gave
+# other numbers than CPU (1,156 of 4,096 elements of that sum; Muon's bf16
+# Newton-Schulz steps moved parameters by up to 6e-4). Every program is
+# compiled without it, as CUDA's kernels round too; float32 programs compile
+# as before.
+COMPILER_OPTIONS = {"xla_allow_excess_precision": False}
+
+
+def compile_program(lowered):
+    """``lowered`` compiled as every lazytpu program is (Note [Rounding per op])."""
+    return lowered.compile(compiler_options=COMPILER_OPTIONS)
+
+
 def _compiler_flags() -> tuple[str, ...]:
     """The XLA flags a program was compiled under (Note [Compiler flags in the key])."""
     raw = f"{os.environ.get('XLA_FLAGS', '')} {os.environ.get('LIBTPU_INIT_ARGS', '')}".split()
     ignored = set(getattr(jax_cache_key, "xla_flags_to_exclude_from_cache_key", ()))
-    return tuple(sorted(f for f in raw if f.split("=")[0] not in ignored))
+    options = (f"{name}={value}" for name, value in sorted(COMPILER_OPTIONS.items()))
+    return (*sorted(f for f in raw if f.split("=")[0] not in ignored), *options)
 
 
 # Note [Compiler flags in the key]: an executable depends on more than its
@@ -220,7 +238,7 @@ def _load(lowered, path: Path, payload: bytes):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with _serving(payload) as entry:
-            compiled = lowered.compile()
+            compiled = compile_program(lowered)
     loaded = entry.served
     for w in caught:
         if str(w.message).startswith(_JAX_READ_ERROR):
@@ -266,7 +284,7 @@ def load_or_compile(lowered, device, signature: str):
     """
     root = _directory()
     if root is None:
-        return lowered.compile()
+        return compile_program(lowered)
     key = _entry_key(lowered.as_text(), device, signature)
     path = root.path / key
     try:
@@ -283,7 +301,7 @@ def load_or_compile(lowered, device, signature: str):
             metrics.add("disk_cache_hits")
             return compiled
     else:
-        compiled = lowered.compile()
+        compiled = compile_program(lowered)
     metrics.add("disk_cache_misses")
     if root.writable:
         _store(root, path, key, compiled, time.monotonic() - start)
