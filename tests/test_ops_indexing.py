@@ -173,3 +173,22 @@ def test_index_select_with_a_cpu_index_raises_torchs_device_error():
     for fn in (lambda: torch.index_select(x, 0, torch.tensor([0])), lambda: x.gather(0, torch.tensor([0]))):
         with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
             fn()
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, i: x[i],
+        lambda x, i: x[:, torch.tensor([0, 1]), None, i],
+        lambda x, i: x.__setitem__(i, 1.0),
+        lambda x, i: x.index_put_((i,), torch.tensor(2.0)),
+    ],
+    ids=["index", "index_mixed", "setitem", "index_put_"],
+)
+def test_a_cpu_tensor_indexed_by_tpu_indices_raises_torchs_error(fn):
+    """torch's message for indices on a device the indexed tensor is not on (CUDA's, and
+    PyTorch's test_torch.py test_advancedindex_mixed_devices_error); the tensor keeps its values."""
+    x = torch.zeros(3, 4, 4)
+    with pytest.raises(RuntimeError, match=r"^indices should be either on cpu or on the same device as the indexed"):
+        fn(x, torch.tensor([0, 2]).to("tpu"))
+    assert torch.equal(x, torch.zeros(3, 4, 4))

@@ -250,6 +250,8 @@ def _indexing(rest: Route) -> Route:
             args, out = prepare_indexing(func, args, kwargs)
             if out is not None:
                 return out
+        elif len(args) > 1 and args[0].device.type == "cpu" and any(type(i) is LazyTensor for i in args[1]):
+            raise RuntimeError("indices should be either on cpu or on the same device as the indexed tensor (cpu)")
         return rest.run(func, args, kwargs)
 
     return Route(rest.kind, indexing, rest.rule, rest.functional)
