@@ -401,6 +401,7 @@ def test_a_failed_random_op_spares_the_random_state(eager_mode):
         lambda d: torch.searchsorted(torch.tensor([3.0, 1.0, 2.0]).to(d), 2.5, sorter=torch.tensor([1, 2, 0]).to(d)),
         lambda d: torch.repeat_interleave(torch.tensor([2, 0, 1]).to(d), output_size=3),
         lambda d: torch.repeat_interleave(_x(d), torch.tensor([0, 2, 1]).to(d), dim=0, output_size=3),
+        lambda d: torch.repeat_interleave(torch.tensor([], dtype=torch.long).to(d), output_size=3),  # CPU: nothing
     ],
 )
 def test_good_values_pass(fn):

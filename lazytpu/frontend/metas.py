@@ -161,9 +161,16 @@ def _gru_cell_backward(grad_hy, workspace, has_bias):
 # Note [Meta shape fixes]: some meta kernels accept a call and give another
 # shape than CPU's kernel: reduction="none" of multi_margin_loss with a 0-d
 # target, and of multilabel_margin_loss with a 0-d or 1-d one, is (1,) on meta
-# and () on CPU; or accept a call CPU's kernel refuses for its sizes (ctc_loss
+# and () on CPU, and ``repeat_interleave`` of no repeats is its output_size on
+# meta and empty on CPU; or accept a call CPU's kernel refuses for its sizes (ctc_loss
 # of an empty log_probs). ``FIXES`` runs torch's meta kernel (its checks) and
 # returns CPU's shapes, or raises CPU's error.
+
+
+def _repeat_interleave(repeats, *, output_size=None):
+    """Nothing repeated gives nothing on CPU, whatever ``output_size`` says (meta: that size)."""
+    out = aten.repeat_interleave.Tensor(repeats, output_size=output_size)
+    return repeats.new_empty((0,)) if repeats.numel() == 0 else out
 
 
 def _multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
@@ -379,6 +386,7 @@ FIXES = {
     aten._ctc_loss.default: _nonempty_log_probs(aten._ctc_loss.default),
     aten._ctc_loss.Tensor: _nonempty_log_probs(aten._ctc_loss.Tensor),
     aten.multi_margin_loss.default: _multi_margin_loss,
+    aten.repeat_interleave.Tensor: _repeat_interleave,
     aten.multilabel_margin_loss_forward.default: _multilabel_margin_loss,
 }
 

@@ -235,4 +235,6 @@ def repeat_interleave(repeats, *, output_size):
     """Each position ``i`` written ``repeats[i]`` times. Only a call given its
     ``output_size`` gets here (a static shape; its value check holds the sum to
     it); without one the op is data-dependent (Note [Data-dependent shapes])."""
+    if repeats.shape[0] == 0:  # nothing, whatever output_size says (as CPU)
+        return repeats
     return jnp.repeat(jnp.arange(repeats.shape[0], dtype=repeats.dtype), repeats, total_repeat_length=output_size)
