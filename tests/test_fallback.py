@@ -42,6 +42,7 @@ def test_fallback_matches_cpu_counted_and_warned_once():
     assert lazytpu.metrics.snapshot()["cpu_fallbacks"] == {OP_NAME: 2}
     relevant = [w for w in caught if "twice_plus_one" in str(w.message)]
     assert len(relevant) <= 1  # once per op per process
+    assert all(w.filename == __file__ for w in relevant)  # the user's line
 
 
 def test_fallback_result_keeps_recording():

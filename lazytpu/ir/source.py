@@ -17,7 +17,7 @@ import sys
 
 from lazytpu import _caches
 
-__all__ = ["location", "source_line", "source_text"]
+__all__ = ["location", "source_line", "source_text", "user_stacklevel"]
 
 _INTERNAL = (os.sep + "torch" + os.sep, os.sep + "lazytpu" + os.sep, os.sep + "jax" + os.sep)
 
@@ -77,3 +77,16 @@ def source_text(where) -> str | None:
 def source_line() -> str | None:
     """file:line of the innermost frame outside torch, jax and lazytpu."""
     return source_text(location())
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` at which a ``warnings.warn`` made by this function's
+    caller names the innermost frame outside torch, jax and lazytpu (1, the
+    caller, where there is none: autograd's engine thread)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None:
+        internal = _CODE_IS_INTERNAL.get(id(frame.f_code))
+        if not (_classify(frame.f_code) if internal is None else internal):
+            return level
+        frame, level = frame.f_back, level + 1
+    return 1

@@ -14,6 +14,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from lazytpu import _caches, _config, metrics
+from lazytpu.ir.source import user_stacklevel
 from lazytpu.runtime import memory, persistent
 from lazytpu.runtime.platform import device, devices
 
@@ -146,7 +147,7 @@ class _ProgramCache:
                 f"(LAZYTPU_PROGRAM_CACHE_SIZE={bound}) was needed again and compiled again: this workload "
                 "cycles over more distinct programs than the cache holds; a larger LAZYTPU_PROGRAM_CACHE_SIZE "
                 "saves these compiles (at a few MB of memory per program)",
-                stacklevel=7,  # DeviceContext.flush: insert, compile_program, run_program, execute, launch, run
+                stacklevel=user_stacklevel(),
             )
 
 

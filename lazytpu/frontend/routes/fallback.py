@@ -13,6 +13,7 @@ from lazytpu.frontend.record import device_index, kwarg_device_index, map_tensor
 from lazytpu.frontend.routes.views import resize_to
 from lazytpu.frontend.tensor import LazyTensor, contiguous_strides, is_tpu_device
 from lazytpu.frontend.windows import new_tensor, write_value
+from lazytpu.ir.source import user_stacklevel
 
 aten = torch.ops.aten
 
@@ -72,7 +73,8 @@ def cpu_fallback(func, args, kwargs, *, data_dependent: bool = False):
         metrics.count("cpu_fallbacks", name)
         if name not in _WARNED:
             _WARNED.add(name)
-            warnings.warn(f"lazytpu: {name} has no lowering; it runs on CPU (slower, splits the program)", stacklevel=3)
+            message = f"lazytpu: {name} has no lowering; it runs on CPU (slower, splits the program)"
+            warnings.warn(message, stacklevel=user_stacklevel())
     _check_out_devices(func, args, kwargs)
     lazies: list[LazyTensor] = []
     resized = {id(v) for v in _written(func, args, kwargs)}
