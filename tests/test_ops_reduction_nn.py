@@ -466,3 +466,11 @@ def test_mean_into_a_float64_out_tensor_sums_in_float64_as_cpu():
     out = torch.empty(0, dtype=torch.float64, device="tpu")
     torch.mean(x.to("tpu"), 1, out=out)
     torch.testing.assert_close(out.cpu(), want, rtol=1e-15, atol=0)
+
+
+def test_the_degrees_of_freedom_warning_names_the_users_line():
+    """As CPU torch's (a C++ warning, shown at the Python line that called)."""
+    x = torch.ones(2, 3).to("tpu")
+    with pytest.warns(UserWarning, match="degrees of freedom is <= 0") as caught:
+        torch.var(x, dim=1, correction=5)
+    assert {w.filename for w in caught if "degrees of freedom" in str(w.message)} == {__file__}

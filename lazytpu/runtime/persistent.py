@@ -51,6 +51,7 @@ from jax._src import cache_key as jax_cache_key
 from jax._src import compilation_cache as jax_cache
 
 from lazytpu import _caches, _config, metrics
+from lazytpu.ir.source import user_stacklevel
 
 _MAGIC = b"LAZYTPU-XLA-2\n"
 _HEADER = len(_MAGIC) + 64 + 1 + 64  # magic, key, "\n", payload digest
@@ -102,13 +103,13 @@ def _open_directory(path: Path) -> _Directory:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         info = os.stat(path)
     except OSError as exc:
-        warnings.warn(f"lazytpu: compile cache disabled: cannot create {path}: {exc}", stacklevel=5)
+        warnings.warn(f"lazytpu: compile cache disabled: cannot create {path}: {exc}", stacklevel=user_stacklevel())
         return _Directory(path, usable=False)
     if not stat.S_ISDIR(info.st_mode) or not written_only_by_this_user(info):
         warnings.warn(
             f"lazytpu: compile cache {path} is not a directory private to this user "
             "(owned by this user, not writable by group or others); not using it",
-            stacklevel=5,
+            stacklevel=user_stacklevel(),
         )
         return _Directory(path, usable=False)
     return _Directory(path, usable=True)
@@ -243,7 +244,9 @@ def _load(lowered, path: Path, payload: bytes):
     for w in caught:
         if str(w.message).startswith(_JAX_READ_ERROR):
             loaded = False
-            warnings.warn(f"lazytpu: ignoring compile-cache entry {path.name}: {w.message}", stacklevel=5)
+            warnings.warn(
+                f"lazytpu: ignoring compile-cache entry {path.name}: {w.message}", stacklevel=user_stacklevel()
+            )
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return compiled, loaded
@@ -272,7 +275,7 @@ def _store(root: _Directory, path: Path, key: str, compiled, seconds: float) -> 
             warnings.warn(
                 f"lazytpu: cannot write to the compile cache {root.path} ({exc}): new programs are compiled "
                 "but not stored; entries already there are still loaded",
-                stacklevel=5,
+                stacklevel=user_stacklevel(),
             )
 
 
@@ -292,7 +295,7 @@ def load_or_compile(lowered, device, signature: str):
     except FileNotFoundError:
         payload = None
     except (OSError, ValueError) as exc:  # never load what does not verify
-        warnings.warn(f"lazytpu: ignoring compile-cache entry {path.name}: {exc}", stacklevel=4)
+        warnings.warn(f"lazytpu: ignoring compile-cache entry {path.name}: {exc}", stacklevel=user_stacklevel())
         payload = None
     start = time.monotonic()
     if payload is not None:

@@ -11,6 +11,7 @@ import torch
 
 from lazytpu.frontend.checks.probe import cpu_error
 from lazytpu.ir import Scalar
+from lazytpu.ir.source import user_stacklevel
 from lazytpu.ir.template import fill
 
 # Errors of CPU kernels that meta kernels do not raise, and that do not
@@ -458,5 +459,5 @@ def _warn_degrees_of_freedom(family, template, factor, values) -> None:
         warnings.warn(
             f"{family}(): degrees of freedom is <= 0. Correction should be strictly less than the reduction "
             "factor (input numel divided by output numel).",
-            stacklevel=7,  # above: _check_then, record_call, its route, dispatch, __torch_dispatch__, the caller
+            stacklevel=user_stacklevel(),
         )
