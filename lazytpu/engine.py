@@ -16,17 +16,15 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 
-import jax
-import numpy as np
 import torch
 
 from lazytpu import _config, engine_flush, metrics, runtime
 from lazytpu.engine_flush import DeferredCheck, located
 from lazytpu.ir import Aval, Data, Node, Output, PendingGraph
 from lazytpu.ir.graph import RandomCell
-from lazytpu.ir.node import RNG_AVAL
 from lazytpu.ir.source import source_text
 from lazytpu.lowering import lower_program, program_args
+from lazytpu.runtime import keys
 from lazytpu.runtime.platform import ForkState, check_not_forked
 
 DEFAULT_SEED = 67280421310721  # torch's default CPU seed
@@ -254,27 +252,25 @@ class DeviceContext:
     # -- random state ---------------------------------------------------
     def manual_seed(self, seed: int) -> None:
         with self.lock:
-            self.seed = int(seed)
-            key = np.asarray(jax.random.key_data(jax.random.PRNGKey(self.seed & 0xFFFFFFFFFFFFFFFF)))
-            self.random.value = Data(runtime.from_host(key.astype(np.uint32), self.index), RNG_AVAL)
+            self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF  # as torch.initial_seed() gives it
+            self.random.value = keys.seed_key(self.seed, self.index)
 
     def rng_value(self):
         if self.random.value is None:
             self.manual_seed(self.seed)
         return self.random.value
 
-    def get_rng_state(self) -> np.ndarray:
+    def get_rng_state(self) -> torch.Tensor:
         with self.lock:
             value = self.rng_value()
             if isinstance(value, Output):
                 self.flush("rng_state")
                 value = self.random.value
-            return runtime.to_host(value.buffer)
+            return torch.from_numpy(keys.key_bytes(value))
 
-    def set_rng_state(self, state: np.ndarray) -> None:
+    def set_rng_state(self, state: torch.Tensor) -> None:
         with self.lock:
-            array = np.asarray(state, dtype=np.uint32).reshape(2)
-            self.random.value = Data(runtime.from_host(array, self.index), RNG_AVAL)
+            self.random.value = keys.bytes_key(state.cpu().numpy(), self.index)
 
     # -- record / flush -------------------------------------------------
     def recorded(self, node: Node, flush: bool = True, task: bool = True, lane: Lane | None = None) -> None:
@@ -540,6 +536,8 @@ def context(index: int = 0) -> DeviceContext:
         check_not_forked()
     ctx = _CONTEXTS.get(index)
     if ctx is None:
+        if index and not index < len(runtime.platform.devices()):  # tpu:0 starts no PJRT client here
+            raise RuntimeError(f"tpu:{index} does not exist: device_count() is {len(runtime.platform.devices())}")
         with _CONTEXTS_LOCK:
             ctx = _CONTEXTS.setdefault(index, DeviceContext(index))
     return ctx

@@ -310,24 +310,6 @@ def test_multinomial(replacement, eager_mode):
         assert all(len(set(row)) == len(row) for row in out.tolist())
 
 
-@pytest.mark.parametrize(
-    "op",
-    [
-        lambda g: torch.randn(3, device="tpu", generator=g),
-        lambda g: torch.rand(2, 2, device="tpu", generator=g),
-        lambda g: torch.randint(0, 5, (3,), device="tpu", generator=g),
-        lambda g: torch.randperm(5, device="tpu", generator=g),
-        lambda g: torch.empty(3, device="tpu").normal_(generator=g),
-        lambda g: torch.empty(3, device="tpu").uniform_(generator=g),
-    ],
-    ids=["randn", "rand", "randint", "randperm", "normal_", "uniform_"],
-)
-def test_a_cpu_generator_raises_torchs_error(op):
-    """As on CUDA: a generator of another device is an error, not silently ignored."""
-    with pytest.raises(RuntimeError, match="Expected a 'tpu' device type for generator but found 'cpu'"):
-        op(torch.Generator().manual_seed(0))
-
-
 BAD_PARAMETERS = {
     "uniform_from_above_to": lambda x: x.uniform_(2.0, 1.0),
     "bernoulli_p_above_1": lambda x: x.bernoulli_(1.5),

@@ -46,12 +46,12 @@ from lazytpu import _dtypes
 from lazytpu.compile.explain import observe_compile
 from lazytpu.compile.graph_rules import ALIASES, CONTROL_FLOW, GRAPH_RULES, is_view_node, lowerable
 from lazytpu.compile.host_nodes import host_function, host_nodes, on_cpu
-from lazytpu.engine import RNG_AVAL, STEPS_DUE, context, run_due_steps
+from lazytpu.engine import STEPS_DUE, context, run_due_steps
 from lazytpu.frontend import hostio
 from lazytpu.frontend.tensor import LazyTensor, contiguous_strides, describe
 from lazytpu.frontend.windows import new_tensor_of, view_dtype, write_value
 from lazytpu.ir import Aval, Node, Output, Scalar, Storage
-from lazytpu.ir.node import op_sig
+from lazytpu.ir.node import RNG_AVAL, op_sig
 from lazytpu.ir.template import Slot, Template, fill, flatten
 from lazytpu.lowering import apply_op, get_rule, lowering
 from lazytpu.lowering.strided import VIEW_READ

@@ -32,6 +32,7 @@ from lazytpu.engine import context
 from lazytpu.frontend import hostio
 from lazytpu.frontend.checks import bounds
 from lazytpu.frontend.dispatch import dispatch
+from lazytpu.frontend.generator import TpuGenerator
 from lazytpu.frontend.record import record
 from lazytpu.frontend.routes import handlers
 from lazytpu.frontend.tensor import LazyTensor, dlpack_refused
@@ -217,6 +218,38 @@ def _to_dlpack(export):
     return to_dlpack
 
 
+def _tpu_generator_device(args, kwargs) -> torch.device | None:
+    """The tpu device a ``torch.Generator(...)`` call names (the current one for ``"tpu"``), or None."""
+    device = args[0] if args else kwargs.get("device")
+    if not isinstance(device, (str, torch.device)):
+        return None
+    try:
+        device = torch.device(device)
+    except RuntimeError:  # torch.Generator's own error for it
+        return None
+    if device.type != "tpu":
+        return None
+    return torch.device("tpu", tpu.current_device() if device.index is None else device.index)
+
+
+def _install_tpu_generators() -> None:
+    """``torch.Generator(device="tpu")`` makes a ``TpuGenerator`` (Note [tpu
+    generators] in lazytpu.frontend.generator): a C type cannot be patched, but
+    torch's ``Generator`` is made by a Python metaclass, whose ``__call__`` can."""
+    meta = type(torch.Generator)
+    if meta is type:  # a torch whose Generator has no metaclass of its own: the tpu device's raises as before
+        return
+    make = meta.__call__
+
+    def __call__(cls, *args, **kwargs):
+        device = _tpu_generator_device(args, kwargs) if cls is torch._C.Generator else None
+        if device is not None:
+            return TpuGenerator(device)
+        return make(cls, *args, **kwargs)
+
+    meta.__call__ = __call__
+
+
 _registered = []
 
 
@@ -259,6 +292,7 @@ def register() -> None:
     # torch.utils.checkpoint's recomputation behind a barrier, with the forward's random state
     # (Note [Recomputation barrier] in device/checkpoint).
     checkpoint.register()
+    _install_tpu_generators()
     # torch.accelerator's streams, synchronize and memory functions reach torch.tpu's
     # (Note [Accelerator routing] in device/accelerator).
     accelerator.register()

@@ -10,7 +10,6 @@ import sys
 import types
 
 import jax
-import numpy as np
 import torch
 
 from lazytpu import engine, runtime
@@ -139,11 +138,11 @@ def initial_seed() -> int:
 
 
 def get_rng_state(device=None) -> torch.Tensor:
-    return torch.from_numpy(engine.context(_index(device)).get_rng_state().view("int32").copy()).view(torch.uint8)
+    return engine.context(_index(device)).get_rng_state()
 
 
 def set_rng_state(state: torch.Tensor, device=None) -> None:
-    engine.context(_index(device)).set_rng_state(state.view(torch.int32).numpy().view(np.uint32))
+    engine.context(_index(device)).set_rng_state(state)
 
 
 def get_device_name(device=None) -> str:

@@ -16,15 +16,16 @@ from torch._decomp import decomposition_table
 
 from lazytpu import _caches, _dtypes
 from lazytpu._registry import Registry
-from lazytpu.engine import RNG_AVAL, context
+from lazytpu.engine import context
 from lazytpu.frontend import hostio, schema
 from lazytpu.frontend.checks import scalars, value_checks
 from lazytpu.frontend.checks.kernel_checks import check_kernel_dtypes, degrees_of_freedom_check
+from lazytpu.frontend.generator import own_generator
 from lazytpu.frontend.metas import MetaUnavailable, infer_meta, value_key
 from lazytpu.frontend.tensor import LazyTensor, contiguous_strides, describe
 from lazytpu.frontend.windows import read
 from lazytpu.ir import Node, Output, Scalar, Storage
-from lazytpu.ir.node import op_sig
+from lazytpu.ir.node import RNG_AVAL, op_sig
 from lazytpu.ir.source import location
 from lazytpu.ir.template import Slot, Template, flatten
 
@@ -308,6 +309,9 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: b
     ``flush=False``: strict mode does not run the node now (Note [Uninitialized
     factories] in device/registration).
     """
+    generator = None
+    if rule.random:  # Note [tpu generators]
+        args, kwargs, generator = own_generator(args, kwargs)
     key, values = plan_key(func, args, kwargs)
     plan = PLANS.get(key)
     if plan is None:
@@ -335,13 +339,16 @@ def record(func, args, kwargs, rule, into: LazyTensor | None = None, *, flush: b
             for v in values
         ]
         if plan.random:
-            inputs.append(ctx.rng_value())
+            inputs.append(ctx.rng_value() if generator is None else generator.key(ctx, lane))
         node = Node(func, plan.template, tuple(inputs), plan.out_avals, location(3), plan.static)
         first = None  # what an in-place call writes, when not the node's first result
         if plan.value_plan is not None:
             first = plan.value_plan.record(ctx, node, inputs, in_place=into is not None)
         if plan.random:
-            ctx.graph.rng = Output(node, len(plan.out_avals) - 1)
+            if generator is None:
+                ctx.graph.rng = Output(node, len(plan.out_avals) - 1)
+            else:
+                generator.advance(Output(node, len(plan.out_avals) - 1), lane.graph)
         if into is not None and plan.layout is None and plan.descs[0] is into._lt_desc and not into._lt_windowed:
             into._lt_storage.bind(first or Output(node, 0), lane.graph)  # an in-place op: no tensor in between
             ctx.recorded(node, task=False, lane=lane)  # noted above
@@ -380,8 +387,6 @@ def _check_then(first, check, values) -> None:
 def make_plan(func, args, kwargs, rule, values) -> _Plan:
     args, kwargs = lift(func, args, kwargs)
     template, flat_values = flatten(args, kwargs, pick)
-    if rule.random:
-        check_generator(kwargs)
     meta_out = infer_meta(func, template, flat_values)
     check_kernel_dtypes(func, template, flat_values)
     lowered = template
@@ -414,15 +419,6 @@ def check_dims(func, values: list, descs: tuple) -> None:
     dims = max(map(len, shapes), default=0)
     if dims > hostio.MAX_DIMS:
         raise RuntimeError(f"{func}: tpu tensors have at most {hostio.MAX_DIMS} dims (numpy's limit), got {dims}")
-
-
-def check_generator(kwargs) -> None:
-    """torch's ``check_generator``: a random op given a generator of another
-    device raises (there are no tpu generators: torch has no Python hook to
-    make one). Ignoring it would also put the generator in the program key."""
-    generator = kwargs.get("generator")
-    if generator is not None:
-        raise RuntimeError(f"Expected a 'tpu' device type for generator but found '{generator.device.type}'")
 
 
 _DECOMPOSED_CHECKED = _caches.memo("decomposed_checked")

@@ -45,7 +45,9 @@ def out_args(func) -> list[str]:
 _FUNCTIONAL_NAMED = {aten.normal_.default: aten.normal_functional.default}
 
 
-_IGNORED = frozenset({"dtype", "layout", "device", "pin_memory", "generator"})
+# Options a functional form may lack; not ``generator``: the functional form of
+# ``randperm.generator_out`` must take it on (Note [tpu generators]).
+_IGNORED = frozenset({"dtype", "layout", "device", "pin_memory"})
 
 
 def _arguments_key(schema, drop_out: bool) -> list[tuple[str, str]]:

@@ -36,7 +36,7 @@ def _gamma(key, alpha, dtype):
 
 
 @lowering(aten._standard_gamma.default, random=True)
-def standard_gamma(alpha, *, generator=None, key):
+def standard_gamma(alpha, generator=None, *, key):
     return _gamma(key, alpha, sampling_dtype(alpha.dtype))
 
 
@@ -48,7 +48,7 @@ def sample_dirichlet(alpha, *, generator=None, key):
 
 
 @lowering(aten.poisson.default, random=True)
-def poisson(rate, *, generator=None, key):
+def poisson(rate, generator=None, *, key):
     """Negative and NaN rates fail the value check of ``poisson`` before anyone reads this."""
     return jax.random.poisson(key, jnp.maximum(rate.astype(sampling_dtype(rate.dtype)), 0), dtype=jnp.int64)
 

@@ -441,7 +441,7 @@ def _normal(mean, std, **kwargs):
 
 
 @checks(aten.poisson.default)
-def _poisson(self, **kwargs):
+def _poisson(self, generator=None):
     return [(self, "non_negative", (), 1)]
 
 

@@ -11,8 +11,9 @@ from lazytpu import _caches
 from lazytpu._dtypes import type_name
 from lazytpu.frontend.checks.overlap import check_overlap
 from lazytpu.frontend.checks.probe import cpu_error, cpu_probe, split
+from lazytpu.frontend.generator import own_generator
 from lazytpu.frontend.metas import MetaUnavailable
-from lazytpu.frontend.record import ROUTES, check_generator, check_with_meta, plan_key, record
+from lazytpu.frontend.record import ROUTES, check_with_meta, plan_key, record
 from lazytpu.frontend.routes.fallback import DATA_DEPENDENT, cpu_fallback
 from lazytpu.frontend.routes.views import resize_to
 from lazytpu.frontend.schema import out_args
@@ -239,7 +240,7 @@ def _takes_dtype(op) -> bool:
 
 
 def run_out(func, functional, args, kwargs):
-    check_generator(kwargs)
+    own_generator(args, kwargs)  # torch's error for a generator of another device, before any write
     names = out_args(func)
     outs = [kwargs[n] for n in names]
     listed = len(outs) == 1 and isinstance(outs[0], (list, tuple))  # ``Tensor(a!)[] out`` (split_copy)

@@ -1,0 +1,144 @@
+"""tpu generators: ``torch.Generator(device="tpu")``.
+
+Note [tpu generators]: torch makes a device's generator in C++, through the
+backend's ``PrivateUse1HooksInterface.getNewGenerator``, which a Python
+backend cannot provide (torch's Python ``PrivateUse1Hooks`` has no such
+method): ``torch.Generator(device="tpu")`` raised. ``TpuGenerator`` is a
+Python subclass of ``torch.Generator`` with a random state of its own on its
+device, a JAX PRNG key as the device's (Note [Random state] in
+lazytpu.ir.graph): a random op given it (``generator=g``) draws from its key
+and advances it, not the device's, so that it repeats after
+``g.manual_seed(s)`` whatever else draws in between, and the device's own
+sequence is as if the op had not drawn. The key is held by a storage of its
+own, as a kept checkpoint state is (Note [Recomputed random ops] in
+lazytpu.device.checkpoint): pending until a sync computes it with the
+program that advances it, and never donated to that program.
+``lazytpu.device.registration`` makes ``torch.Generator(device="tpu")``
+construct one. The object is a ``torch.Generator`` (``isinstance`` holds and
+torch's argument parsing takes it) over a CPU generator that torch's C++ sees:
+a CPU op given a tpu generator draws from that CPU generator instead of
+raising as CUDA's would, the one difference.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from lazytpu import engine
+from lazytpu.frontend.tensor import tpu_device
+from lazytpu.ir import Failed, Storage
+from lazytpu.runtime import keys
+
+# torch's C++ passes a generator on as a new ``torch.Generator`` of the same
+# C generator (its ``_cdata``), not the Python object: each TpuGenerator by its C generator.
+_GENERATORS: weakref.WeakValueDictionary[int, TpuGenerator] = weakref.WeakValueDictionary()
+
+
+class TpuGenerator(torch.Generator):
+    """A generator of a tpu device (Note [tpu generators])."""
+
+    def __new__(cls, device):
+        self = super().__new__(cls, "cpu")
+        self._lt_index = torch.device(device).index or 0
+        self._lt_key = None
+        self.manual_seed(engine.DEFAULT_SEED)
+        _GENERATORS[self._cdata] = self
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return tpu_device(self._lt_index)
+
+    def manual_seed(self, seed) -> TpuGenerator:
+        super().manual_seed(seed)  # torch's checks of the seed, and its wrap to 64 bits
+        self._reseed()
+        return self
+
+    def seed(self) -> int:
+        seed = super().seed()
+        self._reseed()
+        return seed
+
+    def _reseed(self) -> None:
+        ctx = engine.context(self._lt_index)
+        with ctx.lock:
+            self._lt_key = Storage(keys.seed_key(self.initial_seed(), self._lt_index), ctx.graph, (1,))
+
+    def key(self, ctx, lane):
+        """The key a random op reads (the seed's again if a failed program lost it: as the device's)."""
+        if type(self._lt_key.value) is Failed:
+            self._reseed()
+        if self._lt_key.graph is not lane.graph:
+            ctx.lane_for(self._lt_key, lane, False)  # another thread's lane runs first if the key is pending there
+        return self._lt_key.value
+
+    def advance(self, value, graph) -> None:
+        """The key after a random op drew from it (``value``, recorded in ``graph``)."""
+        self._lt_key.bind(value, graph)
+
+    def get_state(self) -> torch.Tensor:
+        ctx = engine.context(self._lt_index)
+        with ctx.lock:
+            if self._lt_key.pending:
+                ctx.flush_all("generator_state")
+            if type(self._lt_key.value) is Failed:
+                self._reseed()
+            return torch.from_numpy(keys.key_bytes(self._lt_key.value))
+
+    def set_state(self, new_state) -> TpuGenerator:
+        if not isinstance(new_state, torch.Tensor) or new_state.dtype != torch.uint8:
+            raise TypeError("RNG state must be a torch.ByteTensor")
+        if new_state.numel() != keys.STATE_BYTES:
+            raise RuntimeError(
+                f"Expected a tpu generator state of size {keys.STATE_BYTES} but found the input RNG state "
+                f"size to be {new_state.numel()}"
+            )
+        ctx = engine.context(self._lt_index)
+        with ctx.lock:
+            self._lt_key = Storage(keys.bytes_key(new_state.cpu().numpy(), self._lt_index), ctx.graph, (1,))
+        return self
+
+    def get_offset(self) -> int:
+        raise RuntimeError("tpu Generator does not use offset")
+
+    def set_offset(self, offset: int) -> TpuGenerator:
+        raise RuntimeError("tpu Generator does not use offset")
+
+    def clone_state(self) -> TpuGenerator:
+        return TpuGenerator(self.device).set_state(self.get_state())
+
+    def __reduce__(self):
+        return (torch.Generator, (self.device,), (self.initial_seed(), None, self.get_state()))
+
+    def __setstate__(self, state) -> None:
+        seed, _, key = state
+        self.manual_seed(seed)
+        self.set_state(key)
+
+    def __deepcopy__(self, memo) -> TpuGenerator:
+        new = TpuGenerator(self.device).manual_seed(self.initial_seed())
+        return new.set_state(self.get_state())
+
+    def __repr__(self) -> str:
+        return f"<torch.Generator on {self.device} (lazytpu) at {hex(id(self))}>"
+
+
+def own_generator(args: tuple, kwargs: dict) -> tuple[tuple, dict, TpuGenerator | None]:
+    """A random op's arguments without its tpu generator (``None`` in its
+    place), and the generator; torch's error for a generator of another
+    device (``check_generator``). A few ops take it by position (``poisson``)."""
+    generator = kwargs.get("generator")
+    if generator is not None:
+        kwargs = {k: None if k == "generator" else v for k, v in kwargs.items()}
+    else:
+        at = next((i for i, a in enumerate(args) if isinstance(a, torch.Generator)), None)
+        if at is None:
+            return args, kwargs, None
+        generator = args[at]
+        args = (*args[:at], None, *args[at + 1 :])
+    tpu = _GENERATORS.get(generator._cdata)
+    if tpu is None:
+        raise RuntimeError(f"Expected a 'tpu' device type for generator but found '{generator.device.type}'")
+    return args, kwargs, tpu
