@@ -474,3 +474,22 @@ def test_the_degrees_of_freedom_warning_names_the_users_line():
     with pytest.warns(UserWarning, match="degrees of freedom is <= 0") as caught:
         torch.var(x, dim=1, correction=5)
     assert {w.filename for w in caught if "degrees of freedom" in str(w.message)} == {__file__}
+
+
+@pytest.mark.parametrize("shape", [(4, 3), (3,)], ids=["batched", "unbatched"])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("ignore_index", [-100, 1])
+def test_nll_loss_of_a_uint8_target_is_recorded_as_cpus(shape, reduction, ignore_index):
+    """CPU's nll_loss takes a uint8 target; the meta kernel refused it, so it fell back to CPU
+    (Note [Meta shape fixes]). nll_loss2d refuses it on CPU as here."""
+    x = torch.randn(*shape)
+    target = torch.tensor([2, 0, 1, 2][: shape[0]] if len(shape) > 1 else 1, dtype=torch.uint8)
+    weight = torch.rand(3)
+
+    def loss(x, t, w):
+        return F.nll_loss(F.log_softmax(x, -1), t, w, reduction=reduction, ignore_index=ignore_index)
+
+    with no_fallback():
+        run_both(loss, x.requires_grad_(), target, weight, grad=True)
+    with pytest.raises(RuntimeError, match="expected scalar type Long but found Byte"):
+        F.nll_loss(torch.randn(2, 3, 4, device="tpu"), torch.zeros(2, 4, dtype=torch.uint8, device="tpu"))

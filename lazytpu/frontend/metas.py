@@ -163,8 +163,9 @@ def _gru_cell_backward(grad_hy, workspace, has_bias):
 # target, and of multilabel_margin_loss with a 0-d or 1-d one, is (1,) on meta
 # and () on CPU, and ``repeat_interleave`` of no repeats is its output_size on
 # meta and empty on CPU; or accept a call CPU's kernel refuses for its sizes (ctc_loss
-# of an empty log_probs). ``FIXES`` runs torch's meta kernel (its checks) and
-# returns CPU's shapes, or raises CPU's error.
+# of an empty log_probs), or refuse one CPU's kernel accepts (a uint8 target
+# of nll_loss, not nll_loss2d: meta's gather takes int64 only). ``FIXES`` runs torch's meta
+# kernel (its checks) and returns CPU's shapes, or raises CPU's error.
 
 
 def _repeat_interleave(repeats, *, output_size=None):
@@ -181,6 +182,17 @@ def _multi_margin_loss(x, target, p=1, margin=1, weight=None, reduction=1):
 def _multilabel_margin_loss(x, target, reduction):
     out, is_target = aten.multilabel_margin_loss_forward.default(x, target, reduction)
     return (out.new_empty(()) if reduction == 0 and target.dim() <= 1 else out), is_target
+
+
+def _byte_target(op, at: int):
+    """``op`` (an nll_loss overload) given its uint8 target (argument ``at``) as int64."""
+
+    def run(*args):
+        if args[at].dtype == torch.uint8:
+            args = (*args[:at], args[at].long(), *args[at + 1 :])
+        return op(*args)
+
+    return run
 
 
 def _nonempty_log_probs(op):
@@ -388,6 +400,8 @@ FIXES = {
     aten.multi_margin_loss.default: _multi_margin_loss,
     aten.repeat_interleave.Tensor: _repeat_interleave,
     aten.multilabel_margin_loss_forward.default: _multilabel_margin_loss,
+    aten.nll_loss_forward.default: _byte_target(aten.nll_loss_forward.default, 1),
+    aten.nll_loss_backward.default: _byte_target(aten.nll_loss_backward.default, 2),
 }
 
 

@@ -111,6 +111,7 @@ def _nll_parts(x, target, weight, ignore_index):
     weight 0 and a safe in-range index.
     """
     class_axis = 0 if x.ndim == 1 else 1
+    target = target.astype(jnp.int64)  # a uint8 target as CPU takes it (no wrap of ignore_index)
     keep = target != ignore_index
     safe = jnp.where(keep, target, 0)
     w = jnp.ones(target.shape, x.dtype) if weight is None else weight[safe].astype(x.dtype)
