@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 import torch
-from conftest import mode
+from conftest import mode, no_fallback
 
 import lazytpu
 
@@ -25,6 +25,10 @@ DRAWS = {
     "poisson": lambda g: torch.poisson(torch.full((16,), 4.0, device="tpu"), generator=g),  # takes it by position
     "rand_out": lambda g: torch.rand(16, generator=g, out=torch.empty(16, device="tpu")),
     "init_normal_": lambda g: torch.nn.init.normal_(torch.empty(16, device="tpu"), generator=g),
+    "rand_like": lambda g: torch.rand_like(torch.empty(16, device="tpu"), generator=g),
+    "randn_like": lambda g: torch.randn_like(torch.empty(16, device="tpu"), generator=g),
+    "randint_like": lambda g: torch.randint_like(torch.empty(16, device="tpu"), 3, 99, generator=g),
+    "randint_like_tensor": lambda g: torch.randint_like(torch.empty(16, device="tpu"), torch.tensor(99), generator=g),
 }
 
 
@@ -43,7 +47,7 @@ def test_a_tpu_generator_is_a_torch_generator_of_the_device():
 @pytest.mark.parametrize("name", sorted(DRAWS))
 def test_a_seeded_generator_repeats_whatever_else_draws(name, eager_mode):
     draw = DRAWS[name]
-    with mode(eager_mode):
+    with mode(eager_mode), no_fallback():
         g, other = torch.Generator("tpu"), torch.Generator("tpu").manual_seed(9)
         g.manual_seed(1234)
         first, second = draw(g).cpu(), draw(g).cpu()

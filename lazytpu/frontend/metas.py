@@ -400,6 +400,10 @@ FIXES = {
     aten.multi_margin_loss.default: _multi_margin_loss,
     aten.repeat_interleave.Tensor: _repeat_interleave,
     aten.multilabel_margin_loss_forward.default: _multilabel_margin_loss,
+    # its meta kernel wants ``high`` on CPU (a meta tensor is not); the overload without a generator's does not
+    aten.randint_like.Tensor_generator: lambda x, high, generator=None, **kwargs: aten.randint_like.Tensor(
+        x, high, **kwargs
+    ),
     aten.nll_loss_forward.default: _byte_target(aten.nll_loss_forward.default, 1),
     aten.nll_loss_backward.default: _byte_target(aten.nll_loss_backward.default, 2),
 }

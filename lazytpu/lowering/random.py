@@ -90,13 +90,13 @@ def uniform(x, low=0.0, high=1.0, *, generator=None, key):
     return low + (high - low) * _uniform(key, x.shape, x.dtype)
 
 
-@lowering(aten.randn_like.default, random=True)
-def randn_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
+@lowering(aten.randn_like.default, aten.randn_like.generator, random=True)
+def randn_like(x, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
     return _normal(key, x.shape, _like_dtype(x, dtype))
 
 
-@lowering(aten.rand_like.default, random=True)
-def rand_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
+@lowering(aten.rand_like.default, aten.rand_like.generator, random=True)
+def rand_like(x, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
     return _uniform(key, x.shape, _like_dtype(x, dtype))
 
 
@@ -135,18 +135,24 @@ def random_from(x, low, high, *, generator=None, key):
     return _integers(key, x.shape, low, _top(x.dtype) + 1 if high is None else high)
 
 
-@lowering(aten.randint_like.default, random=True)
-def randint_like(x, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
+@lowering(aten.randint_like.default, aten.randint_like.generator, random=True)
+def randint_like(
+    x, high, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key
+):
     return _integers(key, x.shape, 0, high)
 
 
-@lowering(aten.randint_like.low_dtype, random=True)
-def randint_like_low(x, low, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
+@lowering(aten.randint_like.low_dtype, aten.randint_like.low_generator_dtype, random=True)
+def randint_like_low(
+    x, low, high, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key
+):
     return _integers(key, x.shape, low, high)
 
 
-@lowering(aten.randint_like.Tensor, random=True)
-def randint_like_tensor(x, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key):
+@lowering(aten.randint_like.Tensor, aten.randint_like.Tensor_generator, random=True)
+def randint_like_tensor(
+    x, high, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, key
+):
     return jax.random.randint(key, x.shape, 0, high.astype(jnp.int64), dtype=jnp.int64)
 
 
