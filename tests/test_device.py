@@ -84,6 +84,19 @@ def test_numpy_fails_as_on_cuda():
         x.numpy()
 
 
+def test_numpy_with_force_copies_as_on_cuda():
+    """``force=True``: detached, on the host, math bits resolved (it raised)."""
+    makes = (
+        lambda d: torch.arange(3.0, device=d, requires_grad=True),
+        lambda d: torch.tensor([1 + 2j], device=d).conj(),
+        lambda d: torch._neg_view(torch.tensor([1.0, -2.0], device=d)),
+    )
+    for make in makes:
+        expected = make("cpu").numpy(force=True)
+        got = make("tpu").numpy(force=True)
+        assert got.dtype == expected.dtype and (got == expected).all()
+
+
 def test_dlpack_export_is_refused():
     """A capsule would carry a stand-in pointer: numpy and torch read garbage
     from it (torch.from_dlpack of the capsule made a tensor no op could use)."""

@@ -5,7 +5,7 @@ tests/dist_harness.py); each rank trains a model sharded per layer and at the
 root, each on its own slice of the batch, and checks the result against
 single-process training of the whole batch on CPU. The tests before them run
 in this process: what FSDP2 needs of the device (Note [Storage resize] in
-lazytpu/frontend/tensor.py, Python kernels of library ops, Note [Resolution
+lazytpu/frontend/storages.py, Python kernels of library ops, Note [Resolution
 order] in lazytpu/frontend/dispatch.py).
 """
 

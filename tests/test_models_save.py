@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 import torch.nn as nn
@@ -78,6 +80,20 @@ def test_parameter_saved_alone_reloads_as_parameter(tmp_path, weights_only, map_
     assert tpu.requires_grad == cpu.requires_grad == requires_grad
     assert tpu._is_hf_initialized is True and cpu._is_hf_initialized is True
     assert torch.equal(tpu.detach().cpu(), cpu.detach())
+
+
+@pytest.mark.parametrize("map_location", [None, "cpu"])
+@pytest.mark.parametrize("conj", [False, True])
+def test_a_tensors_python_attributes_survive_saving_and_pickling(tmp_path, map_location, conj):
+    """As CPU keeps them (``_rebuild_from_type_v2``); a tpu tensor lost them, a Parameter did not."""
+    for device in ("cpu", "tpu"):
+        t = torch.tensor([1 + 2j, 3j]).to(device)
+        t = t.conj() if conj else t
+        t.tag = "kept"
+        torch.save(t, tmp_path / "t.pt")
+        for copied in (torch.load(tmp_path / "t.pt", map_location=map_location), pickle.loads(pickle.dumps(t))):
+            assert copied.tag == "kept" and copied.device == t.device if map_location is None else copied.tag == "kept"
+            assert torch.equal(copied.cpu().resolve_conj(), t.cpu().resolve_conj())
 
 
 def test_whole_tied_model_round_trip(tmp_path):

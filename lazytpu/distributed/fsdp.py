@@ -15,7 +15,7 @@ the device's and live where their stage does:
   again before the next, with ``untyped_storage().resize_(0)`` and
   ``resize_(nbytes)``: the unsharded parameter and the views autograd saved
   keep their storage, which drops its buffer (Note [Storage resize] in
-  lazytpu.frontend.tensor). Between uses each rank holds its shard of each
+  lazytpu.frontend.storages). Between uses each rank holds its shard of each
   parameter and of its optimizer state (``torch.tpu.memory_allocated()``
   counts 1/world of the unsharded model's).
 - Its streams and per-layer events name the device's one queue (Note [One

@@ -13,7 +13,8 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_
 
 from lazytpu import _caches, _dtypes, engine_flush, runtime
 from lazytpu.engine import context
-from lazytpu.frontend.tensor import DeviceStorage, LazyTensor, describe, device_storage, tag_storage, tpu_device
+from lazytpu.frontend.storages import DeviceStorage, device_storage, tag_storage
+from lazytpu.frontend.tensor import LazyTensor, describe, tpu_device
 from lazytpu.frontend.windows import new_tensor, view_dtype
 from lazytpu.ir import Aval, Data, Failed, Output
 
@@ -155,7 +156,7 @@ def _host_memory(t, base: torch.Tensor) -> torch.Tensor:
 # Note [tpu storages]: torch gives a Python backend no allocator, so
 # ``torch.UntypedStorage(n, device="tpu")`` would crash and a tpu tensor's
 # ``untyped_storage()`` has no data. lazytpu hands out two kinds of tpu
-# ``UntypedStorage``, each holding a ``DeviceStorage`` (``frontend/tensor``):
+# ``UntypedStorage``, each holding a ``DeviceStorage`` (``frontend/storages``):
 # a tensor's own (``untyped_storage()``, which holds the tensor's ``Storage``:
 # the sizes are CPU's, the values read back through torch's storage methods,
 # ``.cpu()``, ``.tolist()``, indexing, and ``data_ptr()`` raises as for any

@@ -8,14 +8,13 @@ pending IR value. Every op on it arrives in ``__torch_dispatch__``.
 from __future__ import annotations
 
 import copy
-import threading
-import weakref
 from collections import OrderedDict
 
 import torch
 
 from lazytpu import _caches
-from lazytpu.ir import Aval, Failed, Storage
+from lazytpu.frontend.storages import DeviceStorage, TpuStorage, device_storage, storage_address, tag_storage
+from lazytpu.ir import Aval, Storage
 
 _DEVICES: dict[int, torch.device] = {}
 
@@ -173,167 +172,7 @@ def alias(t: LazyTensor) -> LazyTensor:
 # storage's lock.
 
 
-class DeviceStorage:
-    """What a ``torch.UntypedStorage`` of the tpu device holds (Note [tpu storages]
-    in frontend/hostio): a ``Storage`` whose flat bytes are its contents, or,
-    until the first tensor is set to it, ``host`` bytes (``host`` is then also the
-    memory its data pointer names; ``fresh``: unspecified bytes, never uploaded)."""
-
-    __slots__ = ("storage", "host", "fresh", "index", "__weakref__")
-
-    def __init__(self, storage, host, index: int, fresh: bool = False) -> None:
-        self.storage, self.host, self.index, self.fresh = storage, host, index, fresh
-
-
-_STORAGE_TAG = "_lazytpu_device_storage"  # the attribute of a tpu UntypedStorage that holds its DeviceStorage
 _UNTYPED_STORAGE = torch._C.TensorBase.untyped_storage
-
-
-def device_storage(storage: torch.UntypedStorage) -> DeviceStorage | None:
-    """The ``DeviceStorage`` of a tpu ``UntypedStorage`` lazytpu made or handed out, else None."""
-    return vars(storage).get(_STORAGE_TAG)
-
-
-def tag_storage(storage: torch.UntypedStorage, held: DeviceStorage) -> torch.UntypedStorage:
-    vars(storage)[_STORAGE_TAG] = held  # kept: torch keeps a storage's Python object while the storage lives
-    return storage
-
-
-# Note [Storage resize]: FSDP2 frees a parameter's gathered copy between uses
-# and allocates it again, keeping every tensor on it (the unsharded parameter,
-# the views autograd saved) with ``untyped_storage().resize_(0)`` and
-# ``resize_(nbytes)``. A tpu tensor's own untyped storage is a ``TpuStorage``,
-# whose ``resize_`` acts on the ``Storage`` its tensors share: ``resize_(0)``
-# binds it to ``Failed`` with a ``FreedStorageError`` (the buffer is dropped, so
-# the device frees it once no program reads it; a tensor read while freed
-# raises that error), ``resize_`` back to its size binds it to a new ``empty``
-# value (pending, unspecified: Note [Uninitialized factories] in
-# device/registration), and ``nbytes()`` (``size()``) says 0 while it is freed.
-# Other sizes are not supported: a storage's value has its base layout's shape.
-# The pending program that read the old value keeps it (nodes are immutable), so
-# freeing never changes what was computed before.
-
-
-# Note [Data pointers]: a wrapper subclass's storage has no memory, so torch
-# gave every tpu tensor the data pointer 0 (plus its offset) and its untyped
-# storage none at all ("invalid python storage"). Code that tells shared
-# memory by pointers then saw every tensor share one, or failed:
-# transformers' save_pretrained (safetensors' storage_ptr) raised. Each
-# ``Storage`` gets, the first time a pointer is asked for, an address range
-# of its own, never reused (a counter in a 64-bit space, far above host
-# memory): ``x.data_ptr()`` is its start plus the tensor's offset in bytes,
-# and ``untyped_storage().data_ptr()`` its start, so views share a storage
-# pointer and ranges overlap where memory does, as on CPU. Nothing
-# dereferences them (there is no tpu kernel that would). A storage of no
-# elements has the address 0, as CPU's (its allocator returns no memory),
-# and so has a tensor of no elements (c10 answers a null pointer for one).
-_ADDRESSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Storage -> its address
-_NEXT_ADDRESS = [1 << 48]
-_ADDRESS_LOCK = threading.Lock()
-
-
-def storage_address(storage: Storage) -> int:
-    """The address of ``storage`` (Note [Data pointers])."""
-    if not storage.numel:
-        return 0
-    address = _ADDRESSES.get(storage)
-    if address is None:
-        reserved = -(-max(storage.numel, 1) * 16 // 64) * 64  # room for any dtype's view of it, 64-byte aligned
-        with _ADDRESS_LOCK:
-            address = _ADDRESSES.get(storage)
-            if address is None:  # not given by another thread meanwhile
-                address = _ADDRESSES[storage] = _NEXT_ADDRESS[0]
-                _NEXT_ADDRESS[0] += reserved
-    return address
-
-
-class FreedStorageError(RuntimeError):
-    """The error of a tensor read while its tpu storage is freed (Note [Storage resize])."""
-
-
-def freed(storage: Storage) -> bool:
-    """Whether ``storage`` was freed by ``resize_(0)`` (Note [Storage resize])."""
-    value = storage.value
-    return type(value) is Failed and type(value.error) is FreedStorageError
-
-
-class TpuStorage(torch.UntypedStorage):
-    """The ``UntypedStorage`` of a tpu tensor (Note [Storage resize])."""
-
-    def nbytes(self) -> int:
-        held = vars(self).get(_STORAGE_TAG)
-        if held is not None and held.storage is not None and freed(held.storage):
-            return 0
-        return super().nbytes()
-
-    def data_ptr(self) -> int:
-        held = vars(self).get(_STORAGE_TAG)
-        if held is None or held.storage is None:
-            return super().data_ptr()  # host bytes on the device: the host copy's pointer
-        return storage_address(held.storage)
-
-    def resize_(self, size: int) -> TpuStorage:
-        held = vars(self).get(_STORAGE_TAG)
-        storage = None if held is None else held.storage
-        if storage is None:
-            raise RuntimeError("lazytpu: resize_() of a tpu storage that no tensor is set to")
-        aval = storage.value.aval
-        if size == 0:
-            if not freed(storage):
-                with storage.graph.lock:
-                    error = FreedStorageError("lazytpu: this tensor's storage was freed (untyped_storage().resize_(0))")
-                    storage.bind(Failed(error, aval))
-        elif size in (aval.nbytes, super().nbytes()):
-            if freed(storage):
-                fresh = torch.empty(aval.shape, dtype=aval.dtype, device=tpu_device(storage.graph.index))
-                value = fresh._lt_storage.value
-                with storage.graph.lock:
-                    storage.bind(value, fresh._lt_storage.graph)
-        else:
-            raise NotImplementedError(
-                f"lazytpu: resize_({size}) of a tpu storage of {aval.nbytes} bytes: only resize_(0) (free) and "
-                "resize_ back to its size are supported (Note [Storage resize])"
-            )
-        return self
-
-    # Note [Storage bytes]: torch's own storage methods copy or fill bytes
-    # through the storage's data pointer, which a tensor's tpu storage does not
-    # have ("invalid python storage"); they run here on a uint8 tensor set to
-    # the storage (a dtype view of its value), so that ``storage.cpu()``,
-    # ``clone()``, ``copy.deepcopy``, ``fill_`` and ``copy_`` between tpu
-    # storages read and write the tensors on it.
-    def _bytes(self) -> torch.Tensor:
-        return torch.empty(0, dtype=torch.uint8, device=self.device).set_(self)
-
-    def _tensors_storage(self) -> bool:
-        held = vars(self).get(_STORAGE_TAG)
-        return held is not None and held.storage is not None
-
-    def cpu(self):
-        return self._bytes().cpu().untyped_storage() if self._tensors_storage() else super().cpu()
-
-    def clone(self):
-        if not self._tensors_storage():
-            return super().clone()
-        # a storage of host bytes on tpu (Note [tpu storages] in frontend/hostio): a plain UntypedStorage,
-        # which TypedStorage requires of what it wraps
-        return torch.UntypedStorage(self.nbytes(), device=self.device).copy_(self.cpu())
-
-    def fill_(self, value):
-        if not self._tensors_storage():
-            return super().fill_(value)
-        self._bytes().fill_(value)
-        return self
-
-    def copy_(self, source, non_blocking=None):
-        if not self._tensors_storage():
-            return super().copy_(source, non_blocking)
-        if source.nbytes() != self.nbytes():
-            have, given = self.nbytes(), source.nbytes()
-            raise RuntimeError(f"size does not match, self was {have} bytes but src was {given} bytes")
-        src = source._bytes() if isinstance(source, TpuStorage) and source._tensors_storage() else source
-        self._bytes().copy_(src if isinstance(src, torch.Tensor) else torch.empty(0, dtype=torch.uint8).set_(src))
-        return self
 
 
 def _copied_storage(storage: Storage) -> Storage:
@@ -514,12 +353,14 @@ class LazyTensor(torch.Tensor):
         memory = _UNTYPED_STORAGE(self)
         if type(memory) is not TpuStorage:
             memory.__class__ = TpuStorage  # its resize_ (Note [Storage resize])
-        held = vars(memory).get(_STORAGE_TAG)
+        held = device_storage(memory)
         if held is None or held.storage is not self._lt_storage:
             tag_storage(memory, DeviceStorage(self._lt_storage, None, self._lt_storage.graph.index))
         return memory
 
-    def numpy(self, *args, **kwargs):
+    def numpy(self, *, force: bool = False):
+        if force:  # torch's contract: detached, on the host, math bits resolved
+            return self.detach().cpu().numpy(force=True)
         raise TypeError(
             f"can't convert {self.device} device type tensor to numpy. "
             "Use Tensor.cpu() to copy the tensor to host memory first."
@@ -542,18 +383,23 @@ class LazyTensor(torch.Tensor):
         sharing that storage with the tensors saved with it as on CPU (Note
         [Checkpoint storages] in frontend/hostio). A Parameter is rebuilt as
         one, with its attributes, as ``Parameter.__reduce_ex__`` does (hooks
-        are not saved). A tensor with math bits is saved as its values: CPU
-        torch keeps the bits and the sharing with its base."""
+        are not saved); another tensor's attributes are restored as torch
+        restores a CUDA tensor's. A tensor with math bits is saved as its
+        values: CPU torch keeps the bits and the sharing with its base."""
+        state = user_state(self)
         if vars(self).get("_is_param"):
-            state = user_state(self)
             data = (self.detach(), self.requires_grad, OrderedDict())
             if not state:
                 return torch._utils._rebuild_parameter, data
             return torch._utils._rebuild_parameter_with_state, (*data, state)
         if self._lt_bits:  # saved as its values (Note [Math bits]), not as a window with bits on its base's storage
-            return torch.ops.aten.clone.default(self).__reduce_ex__(protocol)
+            values = torch.ops.aten.clone.default(self)
+            vars(values).update(state)
+            return values.__reduce_ex__(protocol)
         memory = torch.storage.TypedStorage(wrap_storage=BACKEND.saved_storage(self), dtype=self.dtype, _internal=True)
         args = (memory, self.storage_offset(), tuple(self.shape), self.stride(), self.requires_grad, OrderedDict())
+        if state:
+            return torch._tensor._rebuild_from_type_v2, (torch._utils._rebuild_tensor_v2, torch.Tensor, args, state)
         return torch._utils._rebuild_tensor_v2, args
 
     def __copy__(self):
