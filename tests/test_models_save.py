@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import zipfile
 
 import pytest
 import torch
@@ -94,6 +95,24 @@ def test_a_tensors_python_attributes_survive_saving_and_pickling(tmp_path, map_l
         for copied in (torch.load(tmp_path / "t.pt", map_location=map_location), pickle.loads(pickle.dumps(t))):
             assert copied.tag == "kept" and copied.device == t.device if map_location is None else copied.tag == "kept"
             assert torch.equal(copied.cpu().resolve_conj(), t.cpu().resolve_conj())
+
+
+@pytest.mark.parametrize("map_location", [None, "cpu"])
+def test_a_storage_saved_with_its_tensors_is_one_record_and_shares_with_them(tmp_path, map_location):
+    """A tpu tensor's untyped storage saved or pickled alone recursed without end (torch took it for no
+    storage); saved with tensors on it, it is their record, as on CPU, and loads sharing with them."""
+    for device in ("cpu", "tpu"):
+        u = torch.arange(4, dtype=torch.uint8, device=device)
+        torch.save([u[1:], u.untyped_storage()], tmp_path / "s.pt")
+        records = [n for n in zipfile.ZipFile(tmp_path / "s.pt").namelist() if "/data/" in n]
+        view, storage = torch.load(tmp_path / "s.pt", map_location=map_location, weights_only=False)
+        storage.fill_(7)
+        assert len(records) == 1 and view.tolist() == [7, 7, 7] and view.device == storage.device
+        with pytest.raises(RuntimeError, match="Cannot save multiple tensors or storages that view the same data"):
+            floats = u.float()
+            torch.save([floats, floats.untyped_storage()], tmp_path / "x.pt")  # float32 and uint8 views of it
+    alone = pickle.loads(pickle.dumps(torch.arange(3.0, device="tpu").untyped_storage()))
+    assert alone.device.type == "tpu" and bytes(alone.cpu()) == bytes(torch.arange(3.0).untyped_storage())
 
 
 def test_whole_tied_model_round_trip(tmp_path):

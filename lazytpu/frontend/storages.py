@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
 
@@ -156,6 +157,14 @@ class TpuStorage(torch.UntypedStorage):
         # a storage of host bytes on tpu (Note [tpu storages] in frontend/hostio): a plain UntypedStorage,
         # which TypedStorage requires of what it wraps
         return torch.UntypedStorage(self.nbytes(), device=self.device).copy_(self.cpu())
+
+    def __reduce__(self):
+        """``pickle`` and ``torch.save``: as a byte tensor on it, which torch saves as the tensors on this
+        storage (one record for all: Note [Checkpoint storages] in frontend/hostio); torch's own
+        ``__reduce__`` saved it with ``torch.save``, which took it for no storage, over and over."""
+        if not self._tensors_storage():
+            return super().__reduce__()
+        return operator.methodcaller("untyped_storage"), (self._bytes(),)
 
     def fill_(self, value):
         if not self._tensors_storage():
