@@ -262,6 +262,7 @@ def _checkpoint(device: str) -> dict:
         "mask": torch.tensor([True, False, True], device=device),
         "half": torch.linspace(0, 1, 5, dtype=torch.bfloat16, device=device),
         "ids": torch.tensor([[3, -1]], dtype=torch.int64, device=device),
+        "empty": torch.zeros(2, 0, device=device),  # no bytes: the legacy loader failed on it
     }
 
 

@@ -248,12 +248,13 @@ def set_storage(func, args, kwargs):
 
 
 def _copy_into_storage(dst, src):
-    """``dst.copy_(src)`` for a plain tensor torch's C++ made on a tpu storage
-    (the legacy ``torch.load`` reads a file into one): into the host bytes
-    while the storage holds them, else into a window on what it holds (Note
-    [tpu storages] in frontend/hostio)."""
+    """``dst.copy_(src)`` for a plain tensor torch's C++ made on a tpu storage (the legacy ``torch.load``
+    reads a file into one): into the host bytes while the storage holds them, else into a window on what
+    it holds (Note [tpu storages] in frontend/hostio). An empty one has no pointer to know it by."""
     memory = dst.untyped_storage()
     held = hostio.held_by(memory)
+    if held is None and not memory.nbytes():
+        return dst
     if held is None:
         raise RuntimeError(f"lazytpu: this {dst.device} storage was not made by lazytpu and holds no data")
     if held.storage is None and type(src) is not LazyTensor:
@@ -579,9 +580,8 @@ def ctc_loss_backward_lengths(func, args, kwargs):
 @handles(aten.rand.out, aten.randint.out, aten.randint.generator_out, aten.randint.low_out)
 @handles(aten.randint.low_generator_out)
 def random_factory_out(func, args, kwargs):
-    """``torch.rand``/``randint(..., out=t)`` draw as the factory on ``t``'s
-    device does: the same numbers after the same seed. (torch's out= forms
-    have no kernel that reaches tpu's random ops: they ran on CPU, drawing
+    """``torch.rand``/``randint(..., out=t)`` draw as the factory on ``t``'s device does: the same numbers after
+    the same seed. (torch's out= forms have no kernel that reaches tpu's random ops: they ran on CPU, drawing
     from the CPU generator.) A factory resizes its out tensor silently."""
     kwargs = dict(kwargs)
     out = kwargs.pop("out")
