@@ -198,6 +198,31 @@ def test_to_tpu_keeps_tied_weights(name):
     assert tied == {"gpt2": 1, "llama": 0, "bert": 2}[name]
 
 
+@pytest.mark.parametrize("how", ["device_map", "device_map_dict", "device_context", "default_device"])
+def test_from_pretrained_straight_onto_the_device(tmp_path, how):
+    """``from_pretrained(path, device_map="tpu")`` (accelerate places each weight), under ``with
+    torch.device("tpu")`` or ``torch.set_default_device("tpu")``: every weight on tpu, CPU's logits."""
+    model = llama()
+    model.save_pretrained(tmp_path)
+    ids = _batch()["input_ids"]
+    if how == "device_map":
+        loaded = LlamaForCausalLM.from_pretrained(tmp_path, device_map="tpu")
+    elif how == "device_map_dict":
+        loaded = LlamaForCausalLM.from_pretrained(tmp_path, device_map={"": "tpu:0"})
+    elif how == "device_context":
+        with torch.device("tpu", 0):
+            loaded = LlamaForCausalLM.from_pretrained(tmp_path)
+    else:
+        torch.set_default_device("tpu")
+        try:
+            loaded = LlamaForCausalLM.from_pretrained(tmp_path)
+        finally:
+            torch.set_default_device(None)
+    assert {p.device.type for p in loaded.parameters()} | {b.device.type for b in loaded.buffers()} == {"tpu"}
+    logits = loaded(ids.to("tpu")).logits.cpu()
+    torch.testing.assert_close(logits, model(ids).logits, **tolerance(torch.float32))
+
+
 # -- generation ----------------------------------------------------------------
 #
 # Note [Generation programs]: each greedy step of ``generate()`` ends in a
