@@ -281,6 +281,19 @@ def test_a_tensors_storage_copies_clones_and_fills_as_on_cpu():
     assert run("tpu") == run("cpu")
 
 
+def test_a_bool_tensors_storage_reads_and_writes_its_bytes_as_on_cpu():
+    """A byte window on a bool tensor's storage, as ``view(torch.uint8)`` of it is: raised NotImplementedError."""
+
+    def run(d):
+        t = torch.tensor([True, False, True], device=d)
+        host = bytes(t.untyped_storage().cpu())
+        window = torch.empty(0, dtype=torch.uint8, device=d).set_(t.untyped_storage())
+        t.untyped_storage().fill_(1)
+        return [host, window.tolist(), t.tolist()]
+
+    assert run("tpu") == run("cpu") == [b"\x01\x00\x01", [1, 1, 1], [True, True, True]]
+
+
 def test_is_set_to_compares_storage_offset_sizes_and_strides():
     """``is_set_to`` answers from metadata as CPU does (the CPU fallback
     compared two host copies and always said False)."""

@@ -279,5 +279,6 @@ def _as_dtype(storage, dtype: torch.dtype, nbytes: int) -> LazyTensor:
 
 def reinterpretable(have: torch.dtype, want: torch.dtype) -> bool:
     """Whether a window of ``want`` may read a storage of ``have`` (Note [Dtype views]):
-    not bool nor complex32 (stored as complex64), whose views are computed as values."""
-    return have is want or not {have, want} & {torch.bool, torch.complex32}
+    not complex32 (stored as complex64), whose views are computed as values. A bool is
+    the byte 0 or 1, as ``view(dtype)`` of a bool tensor reads it."""
+    return have is want or torch.complex32 not in (have, want)
