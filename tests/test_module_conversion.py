@@ -178,3 +178,19 @@ def test_tpu_tensors_carry_no_weak_references():
     torch.utils.swap_tensors(a, b)
     assert a.shape == (5,) and b.shape == (3, 4)
     torch.testing.assert_close(b.cpu(), x.cpu() * 2)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, requires_grad",
+    [((), {}, True), ((False,), {}, False), ((), {"requires_grad": False}, False), ((True,), {}, True)],
+)
+def test_the_class_of_a_parameter_makes_a_parameter(args, kwargs, requires_grad):
+    """``type(param)(data, requires_grad=...)``, as accelerate rebuilds a parameter it moves
+    (``set_module_tensor_to_device``): a Parameter on CPU and CUDA; on tpu ``type(param)`` is the
+    tensor type, whose constructor raised TypeError."""
+    for device in ("cpu", "tpu"):
+        param = nn.Linear(2, 3).to(device).weight
+        data = torch.arange(6.0, device=device).reshape(3, 2)
+        rebuilt = type(param)(data, *args, **kwargs)
+        assert isinstance(rebuilt, nn.Parameter) and rebuilt.requires_grad is requires_grad
+        assert rebuilt.device == data.device and torch.equal(rebuilt.detach().cpu(), data.cpu())

@@ -226,7 +226,9 @@ class LazyTensor(torch.Tensor):
     _lt_bits: int = 0  # CONJ | NEG (Note [Math bits])
 
     @staticmethod
-    def __new__(cls, storage, desc: TensorDesc, is_base: bool | None = None):
+    def __new__(cls, storage, desc: TensorDesc | None = None, is_base: bool | None = None, requires_grad=None):
+        if type(storage) is not Storage:  # ``type(param)(data, requires_grad)`` of a tpu Parameter (accelerate)
+            return torch.nn.Parameter(storage, requires_grad if requires_grad is not None else desc in (None, True))
         # Note [Device index]: a tensor's device is its storage's: the index is kept
         # once, by the storage's graph (one per device and thread), and read from there
         device = tpu_device(storage.graph.index)
