@@ -107,7 +107,7 @@ class TpuGenerator(torch.Generator):
         raise RuntimeError("tpu Generator does not use offset")
 
     def clone_state(self) -> TpuGenerator:
-        return TpuGenerator(self.device).set_state(self.get_state())
+        return self.__deepcopy__({})
 
     def __reduce__(self):
         return (torch.Generator, (self.device,), (self.initial_seed(), None, self.get_state()))
