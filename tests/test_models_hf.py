@@ -198,7 +198,9 @@ def test_to_tpu_keeps_tied_weights(name):
     assert tied == {"gpt2": 1, "llama": 0, "bert": 2}[name]
 
 
-@pytest.mark.parametrize("how", ["device_map", "device_map_dict", "cpu_offload", "device_context", "default_device"])
+@pytest.mark.parametrize(
+    "how", ["device_map", "device_map_dict", "cpu_offload", "disk_offload", "device_context", "default_device"]
+)
 def test_from_pretrained_straight_onto_the_device(tmp_path, how):
     """``from_pretrained(path, device_map="tpu")`` (accelerate places each weight), under ``with
     torch.device("tpu")`` or ``torch.set_default_device("tpu")``: every weight on tpu, CPU's logits."""
@@ -209,10 +211,10 @@ def test_from_pretrained_straight_onto_the_device(tmp_path, how):
         loaded = LlamaForCausalLM.from_pretrained(tmp_path, device_map="tpu")
     elif how == "device_map_dict":
         loaded = LlamaForCausalLM.from_pretrained(tmp_path, device_map={"": "tpu:0"})
-    elif how == "cpu_offload":  # a layer's weights kept on the host, moved to tpu for its forward by accelerate
-        device_map = {"model.embed_tokens": "tpu:0", "model.layers.0": "cpu", "model.layers.1": "tpu:0"}
-        device_map |= {"model.norm": "tpu:0", "model.rotary_emb": "tpu:0", "lm_head": "tpu:0"}
-        loaded = LlamaForCausalLM.from_pretrained(tmp_path, device_map=device_map)
+    elif how in ("cpu_offload", "disk_offload"):  # a layer's weights kept off the device, moved for its forward
+        device_map = {"model.embed_tokens": 0, "model.layers.0": how.split("_")[0], "model.layers.1": 0}
+        device_map |= {"model.norm": 0, "model.rotary_emb": 0, "lm_head": 0}  # the index: safetensors refuses "tpu:0"
+        loaded = LlamaForCausalLM.from_pretrained(tmp_path, device_map=device_map, offload_folder=tmp_path / "off")
     elif how == "device_context":
         with torch.device("tpu", 0):
             loaded = LlamaForCausalLM.from_pretrained(tmp_path)
@@ -223,7 +225,7 @@ def test_from_pretrained_straight_onto_the_device(tmp_path, how):
         finally:
             torch.set_default_device(None)
     placed = {p.device.type for p in loaded.parameters()} | {b.device.type for b in loaded.buffers()}
-    assert placed == ({"tpu", "meta"} if how == "cpu_offload" else {"tpu"})  # offloaded: meta until used
+    assert placed == ({"tpu", "meta"} if how.endswith("offload") else {"tpu"})  # offloaded: meta until used
     logits = loaded(ids.to("tpu")).logits.cpu()
     torch.testing.assert_close(logits, model(ids).logits, **tolerance(torch.float32))
 
