@@ -15,7 +15,7 @@ from lazytpu.frontend import metas, record
 from lazytpu.frontend.routes.inplace import functional_args
 from lazytpu.frontend.schema import functional_of, is_inplace, view_kind
 from lazytpu.frontend.tensor import LazyTensor
-from lazytpu.frontend.windows import read, write_value
+from lazytpu.frontend.windows import write_value
 from lazytpu.ir import Node, Output, Scalar, Storage
 from lazytpu.ir.foreach_node import ForeachPart, ForeachSpec, foreach_op
 from lazytpu.ir.node import op_sig
@@ -324,13 +324,8 @@ def _record(batch: _Batch, values: list):
     with graph.lock:
         inputs = []
         for r in batch.recipe:
-            v = values[r]
-            if type(v) is LazyTensor:
-                inputs.append(v._lt_storage.value if not v._lt_windowed else read(v))
-            elif isinstance(v, torch.Tensor):  # a CPU scalar tensor (torch.optim's tensor lr): as record's
-                inputs.append(record.input_value(v, index))
-            else:
-                inputs.append(Scalar(v))
+            v = values[r]  # a tpu tensor, a CPU scalar tensor (torch.optim's tensor lr), or a number
+            inputs.append(record.input_value(v, index) if isinstance(v, torch.Tensor) else Scalar(v))
         node = Node(op, spec, tuple(inputs), out_avals, location(3), batch.sig)
         results = []
         k = 0
