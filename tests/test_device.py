@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 from conftest import no_fallback
 
 import lazytpu
@@ -248,6 +249,29 @@ def test_is_same_size_compares_sizes_across_devices():
         target.copy_(dual)
         primal, tangent = torch.autograd.forward_ad.unpack_dual(target)
         assert primal.tolist() == [[3.0], [3.0]] and tangent.cpu().tolist() == [[5.0], [5.0]]
+
+
+def test_forward_ad_tangent_of_a_view_is_laid_out_as_its_primal():
+    """A tangent that is not laid out as its primal (a view's) is made by
+    ``_new_zeros_with_same_feature_meta`` from metadata, as CPU's (it ran on
+    CPU with a fallback warning); with batch dims (vmap over jvp) in front."""
+    make = torch.ops.aten._new_zeros_with_same_feature_meta
+
+    def run(d):
+        base = torch.randn(5, 6, device=d)
+        cases = [(2, 3, base[1:3, 2:5], 0), (4, 2, 3, base[1:3, 2:5], 1), (4, 7, 2, 3, base.t()[1:3, 2:5], 2)]
+        made = [make(torch.randn(c[:-2], device=d), c[-2], self_num_batch_dims=c[-1]) for c in cases]
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(base[:, 1:3], torch.ones(5, 2, device=d))
+            tangent = fwAD.unpack_dual(dual * 2).tangent
+        layout = [
+            (t.shape, t.stride(), t.storage_offset(), t.untyped_storage().nbytes(), t.count_nonzero().item())
+            for t in made
+        ]
+        return layout, tangent.stride(), tangent.sum().item()
+
+    with no_fallback():
+        assert run("tpu") == run("cpu")
 
 
 def test_tensor_of_a_tpu_storage_reads_its_values():

@@ -54,7 +54,7 @@ from lazytpu.frontend.record import (
     check_with_meta,
     record,
 )
-from lazytpu.frontend.routes import handlers, higher_order, transformer  # noqa: F401  (register their handlers)
+from lazytpu.frontend.routes import handlers, higher_order, metadata, transformer  # noqa: F401  (register their handlers)
 from lazytpu.frontend.routes.advanced_indexing import INDEX_OPS, prepare_indexing
 from lazytpu.frontend.routes.fallback import DATA_DEPENDENT, cpu_fallback
 from lazytpu.frontend.routes.foreach import run_foreach  # noqa: F401  (also the compile backend's decomposition)

@@ -342,69 +342,12 @@ def prims_view(func, args, kwargs):
     return _PRIMS_VIEWS[func](*args, **kwargs)
 
 
-@handles(aten._has_same_storage_numel.default)
-def has_same_storage_numel(func, args, kwargs):
-    """Metadata only (the CPU fallback copied both tensors to the host)."""
-
-    def numel(t):
-        nbytes = storage_nbytes(t) if type(t) is LazyTensor else t.untyped_storage().nbytes()
-        return nbytes // t.dtype.itemsize
-
-    return numel(args[0]) == numel(args[1])
-
-
 @handles(aten._unsafe_view.default)
 def unsafe_view(func, args, kwargs):
     """A view sharing its input's storage, as CPU's: composite kernels write
     through one (``kron(out=)``: the out tensor stayed unwritten when it was a
     copy); autograd, above this, took it for a new tensor, as torch does."""
     return aten.view.default(*args, **kwargs)
-
-
-@handles(aten.is_same_size.default)
-def is_same_size(func, args, kwargs):
-    """Sizes only, of tensors of any devices (forward AD's ``copy_`` asks it of a CPU and a tpu tangent)."""
-    return args[0].shape == args[1].shape
-
-
-@handles(aten.is_set_to.default)
-def is_set_to(func, args, kwargs):
-    """CPU's answer from metadata: the same storage, offset, sizes and strides
-    (the CPU fallback compared two host copies, which never share a storage)."""
-    self, src = args
-    return (
-        type(src) is LazyTensor
-        and self._lt_storage is src._lt_storage
-        and self.storage_offset() == src.storage_offset()
-        and self.shape == src.shape
-        and self.stride() == src.stride()
-    )
-
-
-@handles(aten.dense_dim.default, aten.sparse_dim.default, aten.is_coalesced.default)
-def layout_dims(func, args, kwargs):
-    """A strided tensor's answers, as CPU's (tpu has no sparse layouts)."""
-    if func is aten.is_coalesced.default:
-        raise RuntimeError("is_coalesced expected sparse coordinate tensor layout but got Strided")
-    return args[0].dim() if func is aten.dense_dim.default else 0
-
-
-_SPARSE_RESULTS = {
-    aten._to_sparse.default: torch.sparse_coo,
-    aten._to_sparse.sparse_dim: torch.sparse_coo,
-    aten._to_sparse_csr.default: torch.sparse_csr,
-    aten._to_sparse_csc.default: torch.sparse_csc,
-    aten._to_sparse_bsr.default: torch.sparse_bsr,
-    aten._to_sparse_bsc.default: torch.sparse_bsc,
-}
-
-
-@handles(*_SPARSE_RESULTS)
-def to_sparse(func, args, kwargs):
-    """Refused before anything runs (Note [Sparse layouts on tpu] in
-    lazytpu.device.registration): the CPU fallback read the tensor to the host
-    and converted it, and only then refused the sparse result."""
-    raise hostio.not_strided(kwargs.get("layout") or _SPARSE_RESULTS[func])
 
 
 @handles(torch.ops.prims.conj.default)
