@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import warnings
 import zipfile
 
 import pytest
@@ -113,6 +114,17 @@ def test_a_storage_saved_with_its_tensors_is_one_record_and_shares_with_them(tmp
             torch.save([floats, floats.untyped_storage()], tmp_path / "x.pt")  # float32 and uint8 views of it
     alone = pickle.loads(pickle.dumps(torch.arange(3.0, device="tpu").untyped_storage()))
     assert alone.device.type == "tpu" and bytes(alone.cpu()) == bytes(torch.arange(3.0).untyped_storage())
+
+
+def test_a_typed_storage_pickles_and_saves_in_the_legacy_format(tmp_path):
+    """``pickle`` of ``t.storage()`` (a TypedStorage: torch's legacy format) raised "invalid python
+    storage"; it loads back on tpu with the tensor's values (a copy: see docs/limitations.md)."""
+    t = torch.arange(5.0, device="tpu") * 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # TypedStorage is deprecated
+        torch.save(t.storage(), tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+        for copied in (pickle.loads(pickle.dumps(t.storage())), torch.load(tmp_path / "legacy.pt", weights_only=False)):
+            assert copied.device == t.device and copied.dtype == t.dtype and copied.tolist() == t.tolist()
 
 
 def test_whole_tied_model_round_trip(tmp_path):

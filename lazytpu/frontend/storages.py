@@ -166,6 +166,12 @@ class TpuStorage(torch.UntypedStorage):
             return super().__reduce__()
         return operator.methodcaller("untyped_storage"), (self._bytes(),)
 
+    def _write_file(self, *args, **kwargs):
+        """The legacy ``torch.save`` format's writer (``pickle`` of a ``TypedStorage`` takes it): the bytes."""
+        if not self._tensors_storage():
+            return super()._write_file(*args, **kwargs)
+        return self.cpu()._write_file(*args, **kwargs)
+
     def fill_(self, value):
         if not self._tensors_storage():
             return super().fill_(value)
