@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import glob
 import os
+import warnings
 
 import jax
 
@@ -31,7 +32,10 @@ def _present() -> dict[str, list]:
 class ForkState:
     """Note [Fork]: PJRT clients do not survive ``fork``: a child forked after
     the parent initialized the device must not touch it (DataLoader workers
-    that only handle CPU tensors are fine)."""
+    that only handle CPU tensors are fine). A child that does gets
+    ``check_not_forked``'s error; JAX's own warning at every fork of
+    ``multiprocessing`` ("likely lead to a deadlock", for a child that runs
+    JAX) is filtered, so that DataLoader workers fork as quietly as under CUDA."""
 
     initialized = False
     bad_fork = False
@@ -43,6 +47,7 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning, r"multiprocessing\.")
 
 
 def check_not_forked() -> None:
