@@ -99,6 +99,29 @@ def test_backends_are_registered():
     assert lookup_backend("tpu") is lookup_backend("lazytpu")
 
 
+@pytest.mark.parametrize("options", [{}, {"mode": "max-autotune"}], ids=["default", "mode"])
+def test_the_default_backend_compiles_tpu_graphs_with_lazytpus(options, monkeypatch):
+    """``torch.compile(model)`` on tpu compiles as ``backend="tpu"`` (inductor took tpu for
+    ``torch_tpu`` and failed importing it); a graph of CPU tensors still goes to inductor."""
+    import torch._inductor.compile_fx
+
+    to_inductor = []
+
+    def inductor(gm, example_inputs, **kwargs):
+        to_inductor.append(len(example_inputs))
+        return gm.forward
+
+    monkeypatch.setattr(torch._inductor.compile_fx, "compile_fx", inductor)
+    torch.manual_seed(0)
+    ref = _mlp()
+    model = copy.deepcopy(ref).to("tpu")
+    x = torch.randn(8, 12)
+    out = torch.compile(model, **options)(x.to("tpu"))
+    assert to_inductor == []
+    assert_close(out.cpu(), ref(x))
+    assert torch.equal(torch.compile(_double_then_sum, **options)(x), _double_then_sum(x)) and len(to_inductor) == 1
+
+
 def test_import_does_not_load_dynamo():
     code = "import sys, lazytpu; assert 'torch._dynamo' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -30,7 +30,12 @@ tensors, installed together right after ``torch._dynamo`` is imported
 
 Then the backends ``"tpu"`` and ``"lazytpu"`` are registered; the compiler
 itself (``lazytpu.compile.backend``, which imports AOTAutograd) loads on the
-first compile.
+first compile. ``torch.compile``'s default backend is the tpu device's too, as
+inductor is CUDA's: inductor's entry (``torch._TorchCompileInductorWrapper``,
+what ``torch.compile(model)`` and its ``mode=``/``options=`` make) hands a
+graph with a ``tpu`` tensor among its inputs to lazytpu's compiler (inductor
+took ``tpu`` for Google's ``torch_tpu`` and failed importing it); inductor's
+options do not apply to it. Graphs without one go to inductor as before.
 
 Note [Lazy dynamo install]: importing ``torch._dynamo`` costs about 3 s, more
 than the rest of ``import lazytpu``. So nothing here runs at import unless
@@ -84,6 +89,22 @@ def _coerce_same_metadata_as_tangent(self, expected_metadata, expected_type=None
     return self
 
 
+def _route_default_backend() -> None:
+    """``torch.compile``'s default backend compiles tpu graphs with lazytpu's (Note [Dynamo hooks])."""
+    import torch
+
+    inductor = torch._TorchCompileInductorWrapper.__call__
+
+    def __call__(self, model_, inputs_, **kwargs):
+        from lazytpu.compile.backend import backend, on_tpu
+
+        if on_tpu(inputs_):
+            return backend(model_, inputs_)
+        return inductor(self, model_, inputs_, **kwargs)
+
+    torch._TorchCompileInductorWrapper.__call__ = __call__
+
+
 def install() -> None:
     """Install the hooks and register the backends (idempotent)."""
     with _STATE.lock:
@@ -121,6 +142,7 @@ def install() -> None:
     set_code_exec_strategy(LazyTensor.__torch_dispatch__.__func__.__code__, skip_all_below)
     for name in _BACKEND_NAMES:
         register_backend(compiler_fn=compile_backend, name=name)
+    _route_default_backend()
 
 
 class _ThenCall(importlib.abc.Loader):

@@ -121,7 +121,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, *, name: str, frame
     return GraphProgram(gm, example_inputs, name=name, family=(frame, name))
 
 
-def _on_tpu(example_inputs) -> bool:
+def on_tpu(example_inputs) -> bool:
+    """Whether a graph's inputs hold a ``tpu`` tensor (the graphs lazytpu compiles)."""
     return any(isinstance(x, torch.Tensor) and x.device.type == "tpu" for x in example_inputs)
 
 
@@ -136,7 +137,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs):
         A callable running the forward (and, through autograd, the backward)
         as compiled programs; a graph with no ``tpu`` tensor runs as captured.
     """
-    if not _on_tpu(example_inputs):
+    if not on_tpu(example_inputs):
         return gm.forward
     frame = _frame_id()
     compilers = {
