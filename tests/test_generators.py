@@ -124,6 +124,25 @@ def test_generators_share_programs():
     assert lazytpu.metrics.snapshot()["programs_compiled"] == before and len(values) == 3
 
 
+def _noise(x, g):
+    return x * 2 + torch.randn(3, generator=g, device=x.device)
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_a_generator_passed_to_a_compiled_function_draws_as_in_eager():
+    """As a CPU generator: dynamo takes it for an object and breaks the graph at the draw (it took the
+    subclass for an opaque script object and failed in its fake-tensor run)."""
+    x = torch.zeros(3, device="tpu")
+    g = torch.Generator("tpu").manual_seed(4)
+    eager = [_noise(x, g).cpu() for _ in range(2)]
+    torch.manual_seed(9)
+    stream = torch.rand(2, device="tpu").cpu()
+    torch.manual_seed(9)
+    compiled = [torch.compile(_noise, backend="tpu")(x, g.manual_seed(4) if i == 0 else g).cpu() for i in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(eager, compiled)) and not torch.equal(*compiled)
+    assert torch.equal(torch.rand(2, device="tpu").cpu(), stream)  # the device's stream untouched
+
+
 @pytest.mark.parametrize("name", sorted(DRAWS))
 def test_a_cpu_generator_raises_torchs_error(name):
     """As on CUDA: a generator of another device is an error, not silently ignored."""

@@ -12,7 +12,9 @@ tensors, installed together right after ``torch._dynamo`` is imported
    and no subclass type (``infer_subclass_type``), so it is a
    ``TensorVariable``, not a ``TensorWithTFOverrideVariable``: ``torch.cond``
    takes only the former as its predicate (eager ``torch.cond`` compiles
-   itself, Note [Higher-order operators]).
+   itself, Note [Higher-order operators]). A ``TpuGenerator`` is wrapped as
+   dynamo wraps a CPU generator, a user object whose draws break the graph
+   (as a subclass it was taken for an opaque script object, which failed).
 2. AOTAutograd expects the tangents of the backward to be plain tensors (the
    forward's fake outputs were); a ``LazyTensor`` tangent is one, so it says
    so with ``__coerce_same_metadata_as_tangent__``.
@@ -117,6 +119,7 @@ def install() -> None:
     from torch._dynamo.types import FrameAction, FrameExecStrategy
     from torch._dynamo.variables import builder
 
+    from lazytpu.frontend.generator import TpuGenerator
     from lazytpu.frontend.routes.higher_order import register_dense_kernels
     from lazytpu.frontend.tensor import LazyTensor
 
@@ -125,6 +128,8 @@ def install() -> None:
     def _wrap(self, value):
         if type(value) is LazyTensor:
             return self.wrap_tensor(value)
+        if type(value) is TpuGenerator:
+            return self.wrap_user_defined(value)
         return wrap(self, value)
 
     builder.VariableBuilder._wrap = _wrap
