@@ -26,6 +26,8 @@ from transformers import (
     LlamaForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
+    Trainer,
+    TrainingArguments,
 )
 from transformers.utils import logging as hf_logging
 
@@ -358,3 +360,46 @@ def test_a_llama_step_without_a_mask_is_three_programs():
         if device == "tpu":
             assert per_step[2:] == [(3, 1), (3, 1)]  # steady state: the segments, and the forward's read
     torch.testing.assert_close(losses["tpu"], losses["cpu"], rtol=1e-4, atol=0)
+
+
+class _Tokens(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(2, VOCAB, (SEQ,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids}
+
+
+def _trainer_run(device: str, out) -> tuple[list, list]:
+    """transformers' Trainer: 3 steps of 2 accumulated micro-batches, a checkpoint after 2, an evaluation."""
+    args = TrainingArguments(
+        output_dir=str(out),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        max_steps=3,
+        logging_steps=1,
+        save_steps=2,
+        eval_strategy="steps",
+        eval_steps=3,
+        use_cpu=device == "cpu",
+        report_to=[],
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = Trainer(model=llama(), args=args, train_dataset=_Tokens(), eval_dataset=_Tokens())
+    trainer.train()
+    assert next(trainer.model.parameters()).device.type == device
+    logged = [(h["loss"], h["grad_norm"]) for h in trainer.state.log_history if "loss" in h]
+    saved = LlamaForCausalLM.from_pretrained(out / "checkpoint-2").state_dict()
+    return logged + [trainer.state.log_history[-2]["eval_loss"]], list(saved.values())
+
+
+def test_trainer_picks_the_device_and_matches_cpu(tmp_path):
+    """``Trainer`` trains on tpu with no argument naming it (accelerate asks ``torch.accelerator``), with
+    CPU's losses, gradient norms (clipped), checkpoint and evaluation."""
+    on_cpu, cpu_saved = _trainer_run("cpu", tmp_path / "cpu")
+    on_tpu, tpu_saved = _trainer_run("tpu", tmp_path / "tpu")
+    torch.testing.assert_close(on_tpu, on_cpu, rtol=1e-4, atol=0)
+    for got, expected in zip(tpu_saved, cpu_saved, strict=True):
+        torch.testing.assert_close(got, expected, **tolerance(torch.float32))
