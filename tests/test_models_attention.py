@@ -398,3 +398,37 @@ def test_native_multi_head_attention_projections_and_masks(inputs, mask_type):
     want, want_attn = call(q, k, v)
     torch.testing.assert_close(out.cpu(), want, equal_nan=True, rtol=2e-5, atol=5e-5)  # scores of size ~10
     torch.testing.assert_close(attn.cpu(), want_attn, equal_nan=True)
+
+
+def _causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def _relative_bias(score, b, h, q_idx, kv_idx):
+    return score + (q_idx - kv_idx) * 0.01
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_flex_attention_runs_on_tpu_as_on_cpu():
+    """``flex_attention`` refused tpu before running (its list of devices, Note [FlexAttention on
+    tpu]): a block mask and a ``score_mod`` give CPU's outputs, the gradients are causal attention's
+    (CPU's flex has none), and a ``fullgraph`` compile has no graph break; other devices keep the error."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    q, k, v = _qkv(1, 2, 128, 16)
+    on_tpu = [x.detach().to("tpu").requires_grad_() for x in (q, k, v)]
+    mask = create_block_mask(_causal, 1, 1, 128, 128, device="tpu")
+    out = flex_attention(*on_tpu, block_mask=mask)
+    torch.testing.assert_close(out.cpu(), F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    with torch.no_grad():
+        expected = flex_attention(q.detach(), k.detach(), v.detach(), score_mod=_relative_bias)  # CPU: no gradients
+        torch.testing.assert_close(flex_attention(*on_tpu, score_mod=_relative_bias).cpu(), expected)
+        compiled = torch.compile(flex_attention, backend="tpu", fullgraph=True)(*on_tpu, block_mask=mask)
+        torch.testing.assert_close(compiled.cpu(), out.detach().cpu())
+    out.sum().backward()
+    F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+    for x, ref in zip(on_tpu, (q, k, v)):
+        torch.testing.assert_close(x.grad.cpu(), ref.grad)
+    meta = torch.empty(1, 2, 8, 4, device="meta")
+    with pytest.raises(ValueError, match="FlexAttention is only supported on CUDA, CPU, HPU, or MPS devices"):
+        flex_attention(meta, meta, meta)

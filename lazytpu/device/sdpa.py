@@ -1,4 +1,5 @@
-"""``F.scaled_dot_product_attention`` on ``tpu`` as one fused op (Note [SDPA on PrivateUse1]).
+"""``F.scaled_dot_product_attention`` on ``tpu`` as one fused op (Note [SDPA on PrivateUse1]);
+``flex_attention`` let through its device check (Note [FlexAttention on tpu]).
 
 ``register`` (called from ``registration.register``) installs ``scaled_dot_product_attention``
 for AutogradPrivateUse1: it does what torch's C++ does for a PrivateUse1
@@ -112,6 +113,26 @@ def scaled_dot_product_attention(
     )[0]
 
 
+# Note [FlexAttention on tpu]: ``flex_attention`` refuses, before anything
+# runs, a device outside its list (CUDA, CPU, XPU, HPU, MPS). On tpu its
+# higher-order op runs its dense kernel (Note [Higher-order operators] in
+# frontend/routes/higher_order): the scores materialized, ``score_mod`` and the
+# block mask applied, gradients through its autograd function, as CUDA's eager
+# path computes them; under ``torch.compile`` its graph is lowered. So tpu joins
+# that list: the check's code gets a copy of the list's constant with tpu in it.
+# The check stays torch's own function (a wrapper of ours would be a frame
+# dynamo skips, a graph break inside ``torch.compile(flex_attention,
+# fullgraph=True)``), and keeps its errors for the other devices. A torch whose
+# check has no such constant keeps refusing tpu, with its own error.
+def _allow_flex_attention() -> None:
+    from torch.nn.attention import flex_attention
+
+    code = flex_attention._validate_device.__code__
+    consts = tuple(c | {"tpu"} if isinstance(c, frozenset) and {"cuda", "cpu"} <= c else c for c in code.co_consts)
+    flex_attention._validate_device.__code__ = code.replace(co_consts=consts)
+
+
 def register(lib: torch.library.Library) -> None:
     """Install the kernel in ``lib`` (an ``aten`` IMPL library)."""
     lib.impl("scaled_dot_product_attention", scaled_dot_product_attention, "AutogradPrivateUse1")
+    _allow_flex_attention()
