@@ -132,6 +132,12 @@ def test_copies_between_devices_and_local_mesh_collectives():
     assert_alone("devices", "local_mesh")
 
 
+def test_the_current_device_is_each_threads_and_names_index_less_devices():
+    """Factories of ``"tpu"``, ``torch.accelerator``'s device index, streams, generators and events
+    follow the calling thread's current device, as CUDA's (Note [Current device] in runtime/platform)."""
+    assert_alone("devices", "current_device")
+
+
 def test_single_process_data_parallel_example():
     """examples/distributed_single_process.py: 8 replicas on 8 devices of one
     process, gradients averaged over a LocalMesh, match CPU training."""
@@ -702,6 +708,52 @@ def _section_devices(rank, world):
     assert_close((v + 1).cpu(), torch.ones(2))
 
 
+def _section_current_device(rank, world):
+    import threading
+
+    import torch
+
+    tpu = torch.tpu
+    with tpu.device(2):
+        assert torch.ones(2, device="tpu").device == torch.device("tpu", 2)  # it was tpu:0
+        with torch.device("tpu"):
+            assert torch.zeros(3).device == torch.device("tpu", 2)
+        assert tpu.get_device_properties().index == 2
+    seen = []
+    worker = threading.Thread(target=lambda: (seen.append(tpu.current_device()), tpu.set_device(5)))
+    worker.start()
+    worker.join()
+    assert seen == [0] and tpu.current_device() == 0  # per thread (it was one for the process)
+    torch.accelerator.set_device_index(3)  # torch.accelerator's device index did nothing
+    assert tpu.current_device() == torch.accelerator.current_device_index() == 3
+    with torch.accelerator.device_index(6):
+        assert tpu.current_device() == 6 and torch.randn(2, device="tpu").device.index == 6
+    assert tpu.current_device() == 3
+    tpu.set_device(0)
+    stream = tpu.Stream(device="tpu:4")
+    with tpu.stream(stream):  # a stream of another device makes its device current, as CUDA's
+        assert tpu.current_device() == 4 and tpu.current_stream() == stream
+    assert tpu.current_device() == 0 and tpu.current_stream() == tpu.default_stream()
+    tpu.set_stream(stream)
+    assert tpu.current_device() == 4
+    tpu.set_stream(tpu.default_stream(0))
+    assert tpu.current_device() == 0
+    event, other = stream.record_event(), stream.record_event()
+    assert event.device == torch.device("tpu", 4) and 0 < event.event_id != other.event_id
+    # a generator of one device serves an op on another (CUDA checks only its type): the same numbers
+    g = torch.Generator(device="tpu:3").manual_seed(11)
+    expected = torch.randn(4, device="tpu:3", generator=torch.Generator(device="tpu:3").manual_seed(11)).cpu()
+    assert torch.equal(torch.randn(4, device="tpu:1", generator=g).cpu(), expected)
+    assert torch.randn(4, device="tpu:3", generator=g).device.index == 3
+    states = tpu.get_rng_state_all()
+    assert len(states) == 8
+    first = torch.rand(3, device="tpu:5").cpu()
+    tpu.set_rng_state_all(states)
+    assert torch.equal(torch.rand(3, device="tpu:5").cpu(), first)
+    seed = tpu.seed_all()
+    assert tpu.initial_seed() == seed and tpu.init() is None
+
+
 def _section_local_mesh(rank, world):
     import torch
     from torch.testing import assert_close
@@ -770,7 +822,7 @@ JOBS = {
     "init_too_late": Job({}, [_section_init_too_late], backend=None),
     "devices": Job(
         {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
-        [_section_devices, _section_placement, _section_local_mesh],
+        [_section_devices, _section_placement, _section_local_mesh, _section_current_device],
         backend=None,
     ),
 }

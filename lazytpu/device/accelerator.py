@@ -1,4 +1,4 @@
-"""``torch.accelerator`` on ``tpu``: its stream, synchronization and memory
+"""``torch.accelerator`` on ``tpu``: its device index, stream, synchronization and memory
 functions reach ``torch.tpu``'s.
 
 Note [Accelerator routing]: torch 2.13's ``torch.accelerator`` functions call
@@ -9,7 +9,9 @@ overrides only the device type, and an allocator must be a C++
 ``c10::DeviceAllocator``. Unrouted, ``torch.accelerator.synchronize()``
 raised "Backend doesn't support synchronizing all streams on device",
 ``memory_allocated()`` an internal assert, ``current_stream()`` always
-returned the default stream and ``set_stream`` did nothing. ``register``
+returned the default stream, ``set_stream`` did nothing and the device
+index functions (``set_device_index``, ``device_index``) neither set nor read
+the current device (Note [Current device] in runtime/platform). ``register``
 wraps those bindings in ``torch._C`` (looked up by name at every call, so
 every caller of ``torch.accelerator`` sees the wrappers): while the current
 accelerator is ``tpu`` they run ``torch.tpu``'s function of the same
@@ -33,6 +35,14 @@ def _device(index: int):
     return None if index < 0 else index
 
 
+def _exchange(index: int) -> int:
+    """Make ``index`` current (a negative one changes nothing); the device current before."""
+    previous = tpu.current_device()
+    if index >= 0:
+        tpu.set_device(index)
+    return previous
+
+
 # binding name -> what it does on tpu (the arguments torch.accelerator passes it)
 _ROUTES = {
     "_accelerator_synchronizeDevice": _synchronize,
@@ -44,6 +54,10 @@ _ROUTES = {
     "_accelerator_resetPeakStats": lambda index: memory.reset_peak_memory_stats(_device(index)),
     "_accelerator_getMemoryInfo": lambda index: memory.mem_get_info(_device(index)),
     "_accelerator_emptyCache": memory.empty_cache,
+    "_accelerator_getDeviceIndex": tpu.current_device,
+    "_accelerator_setDeviceIndex": tpu.set_device,
+    "_accelerator_exchangeDevice": _exchange,
+    "_accelerator_maybeExchangeDevice": _exchange,
 }
 
 

@@ -14,7 +14,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils import _foreach_utils
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from lazytpu import _config
+from lazytpu import _config, runtime
 from lazytpu.device import (
     accelerator,
     autocast,
@@ -229,7 +229,7 @@ def _tpu_generator_device(args, kwargs) -> torch.device | None:
         return None
     if device.type != "tpu":
         return None
-    return torch.device("tpu", tpu.current_device() if device.index is None else device.index)
+    return torch.device("tpu", runtime.platform.index_or_current(device.index))
 
 
 def _install_tpu_generators() -> None:

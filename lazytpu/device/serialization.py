@@ -23,7 +23,7 @@ from multiprocessing.reduction import ForkingPickler
 import torch
 from torch.utils.data import get_worker_info
 
-from lazytpu.device import tpu
+from lazytpu import runtime
 from lazytpu.frontend import hostio
 from lazytpu.frontend.tensor import LazyTensor
 
@@ -35,7 +35,7 @@ def _is_tpu(location: str) -> bool:
 
 
 def _index(device: torch.device) -> int:
-    return tpu.current_device() if device.index is None else device.index
+    return runtime.platform.index_or_current(device.index)
 
 
 def restore_storage(storage: torch.UntypedStorage, location: str):

@@ -56,13 +56,14 @@ import time
 import jax
 import torch
 
-from lazytpu import engine
+from lazytpu import engine, runtime
 from lazytpu.device.memory import device_index
 from lazytpu.frontend.record import handles
 from lazytpu.ir import Data
 
 _TPU = int(torch._C._autograd.DeviceType.PrivateUse1)  # the device type code of tpu streams
 _IDS = itertools.count(1)  # new streams' ids; 0 is the default stream's
+_EVENT_IDS = itertools.count(1)  # recorded events' ids
 
 
 def _tpu_sync(index: int) -> None:
@@ -161,11 +162,13 @@ def current_stream(device=None) -> Stream:
 
 
 def set_stream(stream) -> None:
-    """Make ``stream`` the calling thread's current stream on its device (None: no change)."""
+    """Make ``stream`` the calling thread's current stream on its device, and its device the current
+    device, as ``torch.cuda.set_stream`` (None: no change)."""
     if stream is None:
         return
     stream = _as_tpu_stream(stream)
     _CURRENT.streams[stream.device_index] = stream
+    runtime.platform.set_current_index(stream.device_index)
 
 
 class StreamContext:
@@ -174,9 +177,11 @@ class StreamContext:
     def __init__(self, stream) -> None:
         self.stream = None if stream is None else _as_tpu_stream(stream)
         self.previous: Stream | None = None
+        self.device = 0
 
     def __enter__(self) -> Stream | None:
         if self.stream is not None:
+            self.device = runtime.platform.current_index()
             self.previous = current_stream(self.stream.device_index)
             set_stream(self.stream)
         return self.stream
@@ -184,6 +189,7 @@ class StreamContext:
     def __exit__(self, *exc) -> None:
         if self.stream is not None:
             set_stream(self.previous)
+            runtime.platform.set_current_index(self.device)  # the device current before, as CUDA's
 
 
 def stream(stream) -> StreamContext:
@@ -234,6 +240,7 @@ class Event(torch.Event):
         self._time: float | None = None  # time.perf_counter() when they were complete
         self._deferred = False  # work was pending at record, not dispatched yet (Note [Deferred events])
         self._lock = threading.Lock()
+        self._id = 0
 
     def record(self, stream=None) -> None:
         """Make this event complete when the work recorded so far on
@@ -241,6 +248,7 @@ class Event(torch.Event):
         event dispatches that work now (Note [Deferred events])."""
         stream = current_stream() if stream is None else _as_tpu_stream(stream)
         ctx = engine.context(stream.device_index)
+        self._id = self._id or next(_EVENT_IDS)
         if not self._timing and _pending(ctx):
             with self._lock:
                 self._index, self._waiting, self._time, self._deferred = stream.device_index, [], None, True
@@ -305,6 +313,16 @@ class Event(torch.Event):
         if not (self.query() and end_event.query()):
             raise RuntimeError("Both events must be completed before calculating elapsed time.")
         return (end_event._time - self._time) * 1000.0
+
+    @property
+    def device(self) -> torch.device:
+        """The device it was last recorded on (``tpu`` before it is recorded)."""
+        return torch.device("tpu") if self._index is None else torch.device("tpu", self._index)
+
+    @property
+    def event_id(self) -> int:
+        """A number of its own once recorded (0 before), as ``torch.Event``'s."""
+        return self._id
 
     def __repr__(self) -> str:
         where = "not recorded" if self._index is None else f"tpu:{self._index}"

@@ -43,6 +43,8 @@ __all__ = [
     "get_device_name",
     "get_device_properties",
     "get_rng_state",
+    "get_rng_state_all",
+    "init",
     "initial_seed",
     "is_available",
     "is_initialized",
@@ -57,15 +59,15 @@ __all__ = [
     "reset_accumulated_memory_stats",
     "reset_peak_memory_stats",
     "seed",
+    "seed_all",
     "set_device",
     "set_eager_mode",
     "set_rng_state",
+    "set_rng_state_all",
     "set_stream",
     "stream",
     "synchronize",
 ]
-
-_current = [0]
 
 
 def is_available() -> bool:
@@ -90,20 +92,22 @@ def device_count() -> int:
 
 
 def current_device() -> int:
-    return _current[0]
+    """The calling thread's current device (Note [Current device] in runtime/platform)."""
+    return runtime.platform.current_index()
 
 
 def set_device(device) -> None:
-    index = device if isinstance(device, int) else (torch.device(device).index or 0)
+    index = _index(device)
     if not 0 <= index < device_count():
         raise RuntimeError(f"tpu:{index} does not exist: device_count() is {device_count()}")
-    _current[0] = index
+    runtime.platform.set_current_index(index)
 
 
 def _index(device) -> int:
-    if device is None:
-        return current_device()
-    return device if isinstance(device, int) else (torch.device(device).index or 0)
+    """``device``'s index (an int, a ``torch.device`` or a string); the current device's for None or ``"tpu"``."""
+    if device is None or isinstance(device, int):
+        return runtime.platform.index_or_current(device)
+    return runtime.platform.index_or_current(torch.device(device).index)
 
 
 def synchronize(device=None) -> None:
@@ -126,10 +130,20 @@ def manual_seed_all(seed: int) -> None:
 
 
 def seed() -> int:
+    """Seed the current device with a random number; returns it."""
     import random
 
     s = random.getrandbits(63)
     manual_seed(s)
+    return s
+
+
+def seed_all() -> int:
+    """Seed every device with one random number (``torch.cuda.seed_all``); returns it."""
+    import random
+
+    s = random.getrandbits(63)
+    manual_seed_all(s)
     return s
 
 
@@ -143,6 +157,21 @@ def get_rng_state(device=None) -> torch.Tensor:
 
 def set_rng_state(state: torch.Tensor, device=None) -> None:
     engine.context(_index(device)).set_rng_state(state)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    """Every device's random state, by index."""
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(new_states) -> None:
+    """Set the random state of device ``i`` to ``new_states[i]``."""
+    for i, state in enumerate(new_states):
+        set_rng_state(state, i)
+
+
+def init() -> None:
+    """Nothing to do: the device starts on first use (``torch.cuda.init``'s counterpart)."""
 
 
 def get_device_name(device=None) -> str:

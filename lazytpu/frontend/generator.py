@@ -26,7 +26,7 @@ import weakref
 
 import torch
 
-from lazytpu import engine
+from lazytpu import engine, runtime
 from lazytpu.frontend.tensor import tpu_device
 from lazytpu.ir import Failed, Storage
 from lazytpu.runtime import keys
@@ -41,7 +41,7 @@ class TpuGenerator(torch.Generator):
 
     def __new__(cls, device):
         self = super().__new__(cls, "cpu")
-        self._lt_index = torch.device(device).index or 0
+        self._lt_index = runtime.platform.index_or_current(torch.device(device).index)
         self._lt_key = None
         self.manual_seed(engine.DEFAULT_SEED)
         _GENERATORS[self._cdata] = self
@@ -67,9 +67,13 @@ class TpuGenerator(torch.Generator):
             self._lt_key = Storage(keys.seed_key(self.initial_seed(), self._lt_index), ctx.graph, (1,))
 
     def key(self, ctx, lane):
-        """The key a random op reads (the seed's again if a failed program lost it: as the device's)."""
+        """The key a random op reads (the seed's again if a failed program lost it: as the device's).
+        An op on another tpu device draws from it too, as CUDA's generators serve any index of their
+        type: the key moves to that device (through the host: 8 bytes) and stays there."""
         if type(self._lt_key.value) is Failed:
             self._reseed()
+        if self._lt_key.graph.index != ctx.index:
+            self._lt_key = Storage(keys.bytes_key(self._host_key(), ctx.index), ctx.graph, (1,))
         if self._lt_key.graph is not lane.graph:
             ctx.lane_for(self._lt_key, lane, False)  # another thread's lane runs first if the key is pending there
         return self._lt_key.value
@@ -78,14 +82,18 @@ class TpuGenerator(torch.Generator):
         """The key after a random op drew from it (``value``, recorded in ``graph``)."""
         self._lt_key.bind(value, graph)
 
-    def get_state(self) -> torch.Tensor:
-        ctx = engine.context(self._lt_index)
+    def _host_key(self):
+        """The key's bytes, computed (a sync of the device that holds it when it is pending)."""
+        ctx = engine.context(self._lt_key.graph.index)
         with ctx.lock:
             if self._lt_key.pending:
                 ctx.flush_all("generator_state")
             if type(self._lt_key.value) is Failed:
                 self._reseed()
-            return torch.from_numpy(keys.key_bytes(self._lt_key.value))
+            return keys.key_bytes(self._lt_key.value)
+
+    def get_state(self) -> torch.Tensor:
+        return torch.from_numpy(self._host_key())
 
     def set_state(self, new_state) -> TpuGenerator:
         if not isinstance(new_state, torch.Tensor) or new_state.dtype != torch.uint8:

@@ -14,7 +14,7 @@ import functools
 import torch
 from torch._decomp import decomposition_table
 
-from lazytpu import _caches, _dtypes
+from lazytpu import _caches, _dtypes, runtime
 from lazytpu._registry import Registry
 from lazytpu.engine import context
 from lazytpu.frontend import hostio, schema
@@ -22,7 +22,7 @@ from lazytpu.frontend.checks import scalars, value_checks
 from lazytpu.frontend.checks.kernel_checks import check_kernel_dtypes, degrees_of_freedom_check
 from lazytpu.frontend.generator import own_generator
 from lazytpu.frontend.metas import MetaUnavailable, infer_meta, value_key
-from lazytpu.frontend.tensor import LazyTensor, contiguous_strides, describe
+from lazytpu.frontend.tensor import LazyTensor, contiguous_strides, describe, tpu_device
 from lazytpu.frontend.windows import read
 from lazytpu.ir import Node, Output, Scalar, Storage
 from lazytpu.ir.node import RNG_AVAL, op_sig
@@ -170,7 +170,7 @@ def kwarg_device_index(kwargs) -> int | None:
     d = kwargs.get("device")
     if d is None:
         return None
-    return torch.device(d).index or 0
+    return runtime.platform.index_or_current(torch.device(d).index)
 
 
 def _value_stride(func, m) -> tuple:
@@ -267,6 +267,8 @@ def key_leaf(a, values: list):
         pick(a)  # torch's error for a non-scalar tensor of another device
         values.append(a)
         return ("cpu", a.dtype, a.dim())
+    if t is torch.device and a.index is None and a.type == "tpu":  # the current device (Note [Current device])
+        return tpu_device(runtime.platform.current_index())
     return a
 
 

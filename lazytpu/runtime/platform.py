@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import glob
 import os
+import threading
 import warnings
 
 import jax
@@ -133,3 +134,31 @@ def platform_name() -> str:
     """The PJRT platform in use: ``tpu``, ``gpu`` or ``cpu``."""
     d = device(0)
     return "gpu" if d.platform in ("cuda", "rocm", "gpu") else d.platform
+
+
+# Note [Current device]: as CUDA's, the current device is a host thread's
+# own (a thread starts on device 0), and a device named without an index
+# (``"tpu"``: ``torch.ones(2, device="tpu")``, ``x.to("tpu")``,
+# ``with torch.device("tpu")``, ``torch.tpu.synchronize()``) is the current
+# one. ``torch.tpu.set_device``, ``torch.tpu.device(i)``, the
+# ``torch.accelerator`` device index functions and making a stream of another
+# device current set it.
+class _Current(threading.local):
+    index = 0
+
+
+_CURRENT = _Current()
+
+
+def current_index() -> int:
+    """The calling thread's current device (Note [Current device])."""
+    return _CURRENT.index
+
+
+def set_current_index(index: int) -> None:
+    _CURRENT.index = index
+
+
+def index_or_current(index: int | None) -> int:
+    """A device's index, or the current device's when it has none (``torch.device("tpu").index``)."""
+    return _CURRENT.index if index is None else index

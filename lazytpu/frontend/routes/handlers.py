@@ -40,8 +40,9 @@ def to_copy(func, args, kwargs):
         stand_in = torch.empty_strided(src.shape, src.stride(), dtype=src.dtype, device="meta")
         return func(stand_in, **kwargs)
     if type(src) is not LazyTensor:  # cpu -> tpu
-        moved = hostio.data_from_cpu(src, torch.device(device).index or 0)
-        out = new_tensor(moved, src.shape, contiguous_strides(src.shape), src.dtype, torch.device(device).index or 0)
+        index = _index_of(device)
+        moved = hostio.data_from_cpu(src, index)
+        out = new_tensor(moved, src.shape, contiguous_strides(src.shape), src.dtype, index)
         dtype = kwargs.get("dtype")
         return out if dtype is None or dtype == src.dtype else aten._to_copy.default(out, dtype=dtype)
     rest = {k: v for k, v in kwargs.items() if k != "device"}
@@ -54,8 +55,7 @@ def to_copy(func, args, kwargs):
 
 
 def _index_of(device) -> int:
-    index = torch.device(device).index
-    return torch.tpu.current_device() if index is None else index
+    return runtime.platform.index_or_current(torch.device(device).index)
 
 
 def to_device(src: LazyTensor, index: int) -> LazyTensor:
