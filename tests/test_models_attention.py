@@ -136,6 +136,43 @@ def test_sdpa_fully_masked_rows_are_zero():
     )
 
 
+@pytest.mark.parametrize(
+    "shapes",
+    [((5, 4, 6), (5, 3, 6), (4, 3)), ((4, 6), (3, 6), (4, 3)), ((1, 2, 4, 6), (3, 2, 3, 6), (3, 1, 4, 3))],
+    ids=["3d", "unbatched", "broadcast_batch"],
+)
+def test_sdpa_boolean_mask_off_the_fused_path(shapes):
+    """Inputs the fused op does not take go to torch's math kernel, which wants an additive mask: a
+    boolean one was added as 0/1 (values off by up to 2.4); it is converted as torch's C++ does."""
+    gen = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(s, generator=gen).requires_grad_() for s in shapes[:2])
+    v = torch.randn(shapes[1], generator=gen).requires_grad_()
+    mask = torch.rand(shapes[2], generator=gen) > 0.4
+    mask[..., 0] = True
+    run_both(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.device)), q, k, v, grad=True)
+
+
+def test_sdpa_kernel_choice_is_honoured():
+    """``sdpa_kernel`` restricts the kernels as on CPU: math alone refuses a mask with ``is_causal`` (tpu's
+    fused op took it), no kernel at all is torch's error; a fused backend (any: the tpu op stands for
+    CUDA's flash, efficient and cuDNN kernels) keeps the fused op."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (t.detach().to("tpu") for t in _qkv(1, 2, 4, 8))
+    mask = torch.ones(4, 4, dtype=torch.bool, device="tpu")
+    with sdpa_kernel([SDPBackend.MATH]), pytest.raises(RuntimeError, match="Explicit attn_mask should not be set"):
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True)
+    with sdpa_kernel([SDPBackend.ERROR]), pytest.raises(RuntimeError, match="No viable backend"):
+        F.scaled_dot_product_attention(q, k, v)
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        with sdpa_kernel([backend]):
+            assert FUSED in lazytpu.debug.pending_graph(F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    with sdpa_kernel([SDPBackend.MATH]):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert FUSED not in lazytpu.debug.pending_graph(out)
+    torch.testing.assert_close(out.cpu(), F.scaled_dot_product_attention(q.cpu(), k.cpu(), v.cpu(), is_causal=True))
+
+
 def test_sdpa_bfloat16():
     q, k, v = (t.detach().to(torch.bfloat16).requires_grad_() for t in _qkv(2, 4, 5, 8))
     run_both(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v, grad=True)

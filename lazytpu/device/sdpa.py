@@ -6,6 +6,10 @@ for AutogradPrivateUse1: it does what torch's C++ does for a PrivateUse1
 backend whose kernel choice is "overrideable", except that calls without
 dropout take ``_scaled_dot_product_efficient_attention`` (Note [Attention
 dropout]). Autograd records the fused op, and its backward op, as one node each.
+``torch.nn.attention.sdpa_kernel`` chooses as on CPU: the fused op while a fused
+backend is on (it stands for each of CUDA's), torch's math kernel while math is,
+torch's error with neither. The math kernel gets an additive mask, as torch's C++
+converts a boolean one before calling it.
 """
 
 from __future__ import annotations
@@ -88,12 +92,28 @@ def _fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> 
     return True
 
 
+def _enabled_kernels() -> tuple[bool, bool]:
+    """Whether ``torch.nn.attention.sdpa_kernel`` leaves the fused op on (any of the fused backends
+    CUDA has: the tpu op stands for each) and torch's math kernel."""
+    c = torch._C
+    fused = c._get_flash_sdp_enabled() or c._get_mem_efficient_sdp_enabled() or c._get_cudnn_sdp_enabled()
+    return fused or c._get_overrideable_sdp_enabled(), c._get_math_sdp_enabled()
+
+
 def scaled_dot_product_attention(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
 ):
     """torch's ``scaled_dot_product_attention`` for ``tpu`` tensors."""
     _validate(query, key, value, attn_mask)
-    if not _fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+    fused, math = _enabled_kernels()
+    if not (fused and _fusable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)):
+        if not math:
+            raise RuntimeError(
+                "No viable backend for scaled_dot_product_attention was found. This is likely due to turning "
+                "off both the math kernel and the fused kernels."
+            )
+        if attn_mask is not None and attn_mask.dtype == torch.bool:  # torch's convert_boolean_attn_mask
+            attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(~attn_mask, float("-inf"))
         return aten._scaled_dot_product_attention_math(
             query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
         )[0]
