@@ -48,6 +48,11 @@ _TORCH_TO_JAX[torch.complex32] = jnp.complex64
 # default than float32 carries it in its template (``DEFAULT_KWARG``, so it
 # is part of the program's key too); lowering runs its rule under
 # ``lowering_default`` and the rules ask ``default_float()``, never torch.
+def supported() -> set[torch.dtype]:
+    """The dtypes a tpu tensor can have (``complex32`` is stored as ``complex64``)."""
+    return set(_TORCH_TO_JAX)
+
+
 DEFAULT_KWARG = "__default_dtype__"
 _LOWERING = threading.local()
 

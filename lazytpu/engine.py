@@ -536,8 +536,8 @@ def context(index: int = 0) -> DeviceContext:
         check_not_forked()
     ctx = _CONTEXTS.get(index)
     if ctx is None:
-        if index and not index < len(runtime.platform.devices()):  # tpu:0 starts no PJRT client here
-            raise RuntimeError(f"tpu:{index} does not exist: device_count() is {len(runtime.platform.devices())}")
+        if index:  # tpu:0 starts no PJRT client here
+            runtime.platform.checked_index(index)
         with _CONTEXTS_LOCK:
             ctx = _CONTEXTS.setdefault(index, DeviceContext(index))
     return ctx

@@ -175,8 +175,21 @@ def test_torch_accelerator_memory_functions_are_torch_tpus():
     free, total = torch.accelerator.get_memory_info()
     assert 0 <= free <= total
     torch.accelerator.empty_cache()
+    torch.accelerator.empty_host_cache()  # nothing to release (it crashed the process: no host allocator)
     torch.accelerator.reset_accumulated_memory_stats()
+    assert {torch.float32, torch.bfloat16, torch.int64, torch.bool} <= torch.accelerator.get_device_capability()[
+        "supported_dtypes"
+    ]  # it raised "Backend doesn't support getting device capabilities"
     del x, y
+
+
+def test_a_device_that_does_not_exist_is_a_runtime_error():
+    """As on CUDA (it was an IndexError from a tuple, or a stream of a device that does not exist)."""
+    missing = torch.tpu.device_count()
+    calls = (torch.tpu.memory_allocated, torch.tpu.mem_get_info, torch.accelerator.memory_stats)
+    for call in (*calls, torch.tpu.current_stream, torch.tpu.Stream, torch.accelerator.get_device_capability):
+        with pytest.raises(RuntimeError, match=f"tpu:{missing} does not exist"):
+            call(missing)
 
 
 GB = 2**30

@@ -39,6 +39,7 @@ CASES = {
     "sum": (lambda: _x(4, 8).to(BF16).sum(), torch.float32),
     "exp": (lambda: _x(4).to(BF16).exp(), torch.float32),
     "layer_norm": (lambda: F.layer_norm(_x(4, 8).to(BF16), (8,)), torch.float32),
+    "rms_norm": (lambda: F.rms_norm(_x(4, 8).to(BF16), (8,)), torch.float32),  # CUDA's fp32 list (it stayed bf16)
     "cross_entropy": (
         lambda: F.cross_entropy(_x(4, 8).to(BF16), torch.tensor([0, 1, 2, 3], device="tpu")),
         torch.float32,
@@ -57,6 +58,16 @@ def test_autocast_policy(name):
         out = fn()
     assert out.dtype == expected
     assert torch.isfinite(out.float()).all()
+
+
+def test_binary_cross_entropy_is_refused_under_autocast():
+    """As CUDA's autocast bans it (torch's message); ``binary_cross_entropy_with_logits`` is the safe one."""
+    p, t = torch.rand(4, device="tpu"), torch.rand(4, device="tpu")
+    with torch.autocast("tpu", dtype=BF16):
+        with pytest.raises(RuntimeError, match="binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast"):
+            F.binary_cross_entropy(p, t)
+        assert F.binary_cross_entropy_with_logits(p, t).dtype == torch.float32
+    assert F.binary_cross_entropy(p, t).dtype == torch.float32
 
 
 def test_autocast_disabled_region_and_cpu_tensors():

@@ -24,6 +24,7 @@ import functools
 
 import torch
 
+from lazytpu import _dtypes
 from lazytpu.device import memory, streams, tpu
 
 
@@ -33,6 +34,12 @@ def _synchronize(index: int) -> None:
 
 def _device(index: int):
     return None if index < 0 else index
+
+
+def _capability(index: int) -> dict:
+    """``torch.accelerator.get_device_capability``: the dtypes a tensor of the device can have."""
+    memory.device_index(_device(index))  # the error for a device that does not exist
+    return {"supported_dtypes": _dtypes.supported()}
 
 
 def _exchange(index: int) -> int:
@@ -54,6 +61,8 @@ _ROUTES = {
     "_accelerator_resetPeakStats": lambda index: memory.reset_peak_memory_stats(_device(index)),
     "_accelerator_getMemoryInfo": lambda index: memory.mem_get_info(_device(index)),
     "_accelerator_emptyCache": memory.empty_cache,
+    "_accelerator_emptyHostCache": lambda: None,  # no pinned host memory to release (it crashed: no host allocator)
+    "_accelerator_getDeviceCapability": _capability,
     "_accelerator_getDeviceIndex": tpu.current_device,
     "_accelerator_setDeviceIndex": tpu.set_device,
     "_accelerator_exchangeDevice": _exchange,

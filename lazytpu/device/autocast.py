@@ -13,7 +13,8 @@ floating ``tpu`` arguments and re-dispatch below autocast:
 - ``fp32``: reductions prone to overflow, norms, losses, pointwise ``exp``/``log``... -> float32;
 - ``fp32_set_opt_dtype``: ``sum``/``softmax``/``cumsum``...: computed with ``dtype=float32``
   unless the call gives a dtype;
-- ``promote``: ops mixing inputs (``cat``, ``addcmul``, ...) -> the widest input dtype.
+- ``promote``: ops mixing inputs (``cat``, ``addcmul``, ...) -> the widest input dtype;
+- ``binary_cross_entropy`` is refused with torch's message, as CUDA's autocast bans it.
 
 As in torch, float64 tensors and tensors on other devices are never cast.
 Casts happen above autograd, so backward sees the cast inputs and gradients
@@ -42,7 +43,7 @@ _FP32 = """
     triplet_margin_loss multi_margin_loss binary_cross_entropy_with_logits dist pdist cdist renorm logsumexp
     upsample_nearest1d _upsample_nearest_exact1d upsample_nearest2d _upsample_nearest_exact2d upsample_nearest3d
     _upsample_nearest_exact3d upsample_linear1d upsample_bilinear2d _upsample_bilinear2d_aa upsample_trilinear3d
-    upsample_bicubic2d _upsample_bicubic2d_aa norm
+    upsample_bicubic2d _upsample_bicubic2d_aa norm rms_norm
     cross_entropy_loss
 """.split()  # cross_entropy_loss: from torch's CPU list (CUDA runs its log_softmax in the input dtype)
 _FP32_SET_OPT_DTYPE = "prod softmax log_softmax cumprod cumsum linalg_vector_norm linalg_matrix_norm sum".split()
@@ -145,6 +146,17 @@ def policy_of(op) -> str | None:
     return None
 
 
+def _binary_cross_entropy_banned(*args, **kwargs):
+    """torch's kernel for the one op its autocast refuses (``binary_cross_entropy_banned``), its message."""
+    raise RuntimeError(
+        "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast.\n"
+        "Many models use a sigmoid layer right before the binary cross entropy layer.\n"
+        "In this case, combine the two layers using torch.nn.functional.binary_cross_entropy_with_logits\n"
+        "or torch.nn.BCEWithLogitsLoss.  binary_cross_entropy_with_logits and BCEWithLogits are\n"
+        "safe to autocast."
+    )
+
+
 def register() -> list[torch.library.Library]:
     """Install the fallthrough and the policy kernels; returns the libraries to keep alive."""
     fallthrough = torch.library.Library("_", "IMPL")
@@ -154,4 +166,5 @@ def register() -> list[torch.library.Library]:
         for spec in specs:
             for op in _overloads(spec):
                 kernels.impl(op, _kernel(op, policy), "AutocastPrivateUse1")
+    kernels.impl("binary_cross_entropy", _binary_cross_entropy_banned, "AutocastPrivateUse1")
     return [fallthrough, kernels]

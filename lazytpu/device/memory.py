@@ -16,6 +16,7 @@ import os
 
 import torch
 
+from lazytpu import runtime
 from lazytpu.runtime import memory as device_memory
 
 
@@ -26,15 +27,16 @@ def device_index(device=None) -> int:
     Raises:
         ValueError: ``device`` is not a tpu device (as ``torch.cuda``'s
             functions raise for another device type).
+        RuntimeError: the device does not exist.
     """
     if isinstance(device, int) and not isinstance(device, bool):
-        return device
+        return runtime.platform.checked_index(device)
     if device is None:
-        return torch.get_device_module("tpu").current_device()
+        return runtime.platform.current_index()
     parsed = torch.device(device)
     if parsed.type != "tpu":
         raise ValueError(f"Expected a tpu device, but got: {parsed}")
-    return torch.get_device_module("tpu").current_device() if parsed.index is None else parsed.index
+    return runtime.platform.checked_index(runtime.platform.index_or_current(parsed.index))
 
 
 def _counts(device) -> dict:

@@ -303,13 +303,13 @@ class Event(torch.Event):
         """Milliseconds from this event's completion to ``end_event``'s.
 
         Raises:
-            ValueError: an event was made without ``enable_timing=True``.
-            RuntimeError: an event was not recorded, or has not completed.
+            ValueError: an event was made without ``enable_timing=True``, or was not recorded (CUDA's types).
+            RuntimeError: an event has not completed.
         """
         if not (self._timing and getattr(end_event, "_timing", False)):
             raise ValueError("Both events must be created with argument 'enable_timing=True'.")
         if self._index is None or end_event._index is None:
-            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+            raise ValueError("Both events must be recorded before calculating elapsed time.")
         if not (self.query() and end_event.query()):
             raise RuntimeError("Both events must be completed before calculating elapsed time.")
         return (end_event._time - self._time) * 1000.0

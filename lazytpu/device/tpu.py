@@ -98,10 +98,7 @@ def current_device() -> int:
 
 
 def set_device(device) -> None:
-    index = _index(device)
-    if not 0 <= index < device_count():
-        raise RuntimeError(f"tpu:{index} does not exist: device_count() is {device_count()}")
-    runtime.platform.set_current_index(index)
+    runtime.platform.set_current_index(runtime.platform.checked_index(_index(device)))
 
 
 # Note [Index-less moves]: torch resolves an index-less device for a copy from

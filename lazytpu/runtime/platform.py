@@ -126,8 +126,16 @@ def check_requested_platform() -> None:
             raise _absent(wanted, possible)
 
 
+def checked_index(index: int) -> int:
+    """``index``, or a ``RuntimeError`` if the platform has no such device (CUDA raises one too)."""
+    count = len(devices())
+    if not 0 <= index < count:
+        raise RuntimeError(f"tpu:{index} does not exist: device_count() is {count}")
+    return index
+
+
 def device(index: int = 0):
-    return devices()[index]
+    return devices()[checked_index(index)]
 
 
 def platform_name() -> str:
