@@ -534,6 +534,7 @@ def test_device_context_switches_the_current_device_and_back():
     with pytest.raises(RuntimeError, match="does not exist"):
         with torch.tpu.device(torch.tpu.device_count()):
             pass
+    torch.tpu.set_device(-1)  # changes nothing, as torch.cuda.set_device (it raised)
     assert torch.tpu.current_device() == before
 
 

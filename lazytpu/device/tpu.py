@@ -98,7 +98,10 @@ def current_device() -> int:
 
 
 def set_device(device) -> None:
-    runtime.platform.set_current_index(runtime.platform.checked_index(_index(device)))
+    """Make ``device`` the calling thread's current device (a negative index changes nothing, as CUDA's)."""
+    index = _index(device)
+    if index >= 0:
+        runtime.platform.set_current_index(runtime.platform.checked_index(index))
 
 
 # Note [Index-less moves]: torch resolves an index-less device for a copy from
