@@ -718,11 +718,6 @@ def _section_current_device(rank, world):
         assert torch.ones(2, device="tpu").device == torch.device("tpu", 2)  # it was tpu:0
         with torch.device("tpu"):
             assert torch.zeros(3).device == torch.device("tpu", 2)
-        # copies from the host, which torch's C++ sent to tpu:0 (Note [Index-less moves])
-        moved = [torch.ones(2).to("tpu"), torch.tensor([1.0], device="tpu"), torch.as_tensor([1], device="tpu")]
-        moved.append(next(torch.nn.Linear(2, 2).to(torch.device("tpu")).parameters()))
-        assert {t.device for t in moved} == {torch.device("tpu", 2)}
-        assert torch.ones(2).to("tpu:0").device.index == 0
         assert tpu.get_device_properties().index == 2
     seen = []
     worker = threading.Thread(target=lambda: (seen.append(tpu.current_device()), tpu.set_device(5)))

@@ -293,7 +293,6 @@ def register() -> None:
     # (Note [Recomputation barrier] in device/checkpoint).
     checkpoint.register()
     _install_tpu_generators()
-    tpu.install_index_less_moves()  # x.to("tpu") on the current device (Note [Index-less moves] in device/tpu)
     # torch.accelerator's streams, synchronize and memory functions reach torch.tpu's
     # (Note [Accelerator routing] in device/accelerator).
     accelerator.register()

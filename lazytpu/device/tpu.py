@@ -6,7 +6,6 @@ Names follow TorchTPU's ``torch.tpu`` so code written for it runs here.
 from __future__ import annotations
 
 import contextlib
-import functools
 import sys
 import types
 
@@ -102,47 +101,6 @@ def set_device(device) -> None:
     index = _index(device)
     if index >= 0:
         runtime.platform.set_current_index(runtime.platform.checked_index(index))
-
-
-# Note [Index-less moves]: torch resolves an index-less device for a copy from
-# the host (``x.to("tpu")``, ``Module.to("tpu")``, ``torch.tensor(data,
-# device="tpu")``, ``as_tensor``, ``asarray``, ``new_tensor``) in its C++,
-# through the device guard, whose ``getDevice`` a Python backend cannot
-# override: it answers tpu:0. While the calling thread's current device is
-# another (Note [Current device] in runtime/platform), these functions name it
-# before torch parses their arguments; on device 0 they are torch's own after
-# one check.
-def _named(device):
-    """``device``, with the current index if it is the index-less tpu device."""
-    if (type(device) is str and device == "tpu") or (
-        type(device) is torch.device and device.type == "tpu" and device.index is None
-    ):
-        return torch.device("tpu", runtime.platform.current_index())
-    return device
-
-
-def _naming_the_current_device(fn):
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        if runtime.platform.current_index():
-            args = tuple(map(_named, args))
-            if "device" in kwargs:
-                kwargs["device"] = _named(kwargs["device"])
-        return fn(*args, **kwargs)
-
-    call.lazytpu_naming = True
-    return call
-
-
-_FACTORIES = ("tensor", "as_tensor", "asarray")  # torch's functions that copy host data to a named device
-
-
-def install_index_less_moves() -> None:
-    """Idempotent (Note [Index-less moves])."""
-    for owner, name in (*((torch.Tensor, n) for n in ("to", "new_tensor")), *((torch, n) for n in _FACTORIES)):
-        fn = getattr(owner, name)
-        if not getattr(fn, "lazytpu_naming", False):
-            setattr(owner, name, _naming_the_current_device(fn))
 
 
 def _index(device) -> int:
