@@ -129,22 +129,22 @@ def manual_seed_all(seed: int) -> None:
         engine.context(i).manual_seed(seed)
 
 
-def seed() -> int:
-    """Seed the current device with a random number; returns it."""
+def _seeded(seeder) -> int:
     import random
 
     s = random.getrandbits(63)
-    manual_seed(s)
+    seeder(s)
     return s
+
+
+def seed() -> int:
+    """Seed the current device with a random number; returns it."""
+    return _seeded(manual_seed)
 
 
 def seed_all() -> int:
     """Seed every device with one random number (``torch.cuda.seed_all``); returns it."""
-    import random
-
-    s = random.getrandbits(63)
-    manual_seed_all(s)
-    return s
+    return _seeded(manual_seed_all)
 
 
 def initial_seed() -> int:

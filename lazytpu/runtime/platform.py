@@ -146,11 +146,13 @@ def platform_name() -> str:
 
 # Note [Current device]: as CUDA's, the current device is a host thread's
 # own (a thread starts on device 0), and a device named without an index
-# (``"tpu"``: ``torch.ones(2, device="tpu")``, ``x.to("tpu")``,
-# ``with torch.device("tpu")``, ``torch.tpu.synchronize()``) is the current
-# one. ``torch.tpu.set_device``, ``torch.tpu.device(i)``, the
-# ``torch.accelerator`` device index functions and making a stream of another
-# device current set it.
+# (``"tpu"``: ``torch.ones(2, device="tpu")``, ``with torch.device("tpu")``,
+# ``torch.tpu.synchronize()``) is the current one. ``torch.tpu.set_device``,
+# ``torch.tpu.device(i)``, the ``torch.accelerator`` device index functions
+# and making a stream of another device current set it. Not followed: a copy
+# from the host (``x.to("tpu")``, ``torch.tensor(data, device="tpu")``), whose
+# device torch's C++ resolves through the Python device guard, always tpu:0
+# (docs/limitations.md).
 class _Current(threading.local):
     index = 0
 
