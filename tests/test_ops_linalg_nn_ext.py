@@ -37,6 +37,17 @@ def test_linalg_check_fuses():
     assert programs_run(step) == 1
 
 
+@pytest.mark.parametrize("b_dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("left", [True, False])
+def test_solve_triangular_of_mixed_dtypes_solves_in_a_dtype(b_dtype, left):
+    # CPU casts B to A's dtype; the lowering once handed JAX both dtypes and the program failed at the next read
+    a = (torch.eye(3) * 2 + torch.ones(3, 3).tril()).requires_grad_()
+    b = torch.randn(2, 3, 3).to(b_dtype).requires_grad_()
+    with no_fallback():
+        out = run_both(lambda a, b: torch.linalg.solve_triangular(a, b, upper=False, left=left), a, b, grad=True)
+    assert out.dtype == torch.float32
+
+
 @pytest.mark.parametrize(
     "fn",
     [torch.linalg.inv, torch.linalg.cholesky, lambda a: torch.linalg.solve(a, a[..., :1]), torch.linalg.lu_factor],

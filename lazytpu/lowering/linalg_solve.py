@@ -274,6 +274,8 @@ def _triangular(a, b, *, upper: bool, left: bool, unit: bool, transpose: bool = 
 
 @lowering(aten.linalg_solve_triangular.default)
 def linalg_solve_triangular(a, b, *, upper, left=True, unitriangular=False):
+    if b.dtype != a.dtype:  # CPU solves in A's dtype (a complex B loses its imaginary part, with torch's warning)
+        b = (b if jnp.iscomplexobj(a) else jnp.real(b)).astype(a.dtype)
     return _triangular(a, b, upper=upper, left=left, unit=unitriangular)
 
 
