@@ -60,6 +60,37 @@ def test_autocast_policy(name):
     assert torch.isfinite(out.float()).all()
 
 
+NO_LOW_PRECISION_KERNEL = {
+    "rfft": lambda h: torch.fft.rfft(h).abs(),
+    "fft2": lambda h: torch.fft.fft2(h).real,
+    "polar": lambda h: torch.polar(h.abs(), h).imag,
+    "svdvals": torch.linalg.svdvals,
+    "qr": lambda h: torch.linalg.qr(h)[1].abs(),
+    "solve_mixed": lambda h: torch.linalg.solve(torch.eye(4, device=h.device) * 3 + h[:, :4] * 0.1, h),
+    "quantile": lambda h: torch.quantile(h, 0.3, dim=1),
+    "avg_pool3d": lambda h: F.avg_pool3d(h.reshape(1, 1, 2, 2, 6), (2, 2, 2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NO_LOW_PRECISION_KERNEL))
+def test_ops_without_low_precision_kernels_run_in_float32_as_on_cpu(name):
+    # A bf16 activation reaching them raised on tpu ("Unsupported dtype BFloat16"); CPU's list runs them in float32
+    fn = NO_LOW_PRECISION_KERNEL[name]
+    results = []
+    for device in ("cpu", "tpu"):
+        lin = nn.Linear(6, 6).to(device)
+        with torch.no_grad():
+            lin.weight.copy_(torch.linspace(-1, 1, 36).reshape(6, 6))
+            lin.bias.fill_(0.25)
+        with torch.autocast(device, dtype=BF16):
+            h = lin(torch.linspace(-2, 2, 24).reshape(4, 6).to(device))
+            assert h.dtype == BF16
+            results.append(fn(h))
+    cpu, tpu = results
+    assert tpu.dtype == cpu.dtype == torch.float32
+    torch.testing.assert_close(tpu.cpu(), cpu, rtol=1e-4, atol=1e-4)
+
+
 def test_binary_cross_entropy_is_refused_under_autocast():
     """As CUDA's autocast bans it (torch's message); ``binary_cross_entropy_with_logits`` is the safe one."""
     p, t = torch.rand(4, device="tpu"), torch.rand(4, device="tpu")

@@ -10,7 +10,9 @@ autocast lists (``aten/src/ATen/autocast_mode.h``), kernels that cast their
 floating ``tpu`` arguments and re-dispatch below autocast:
 
 - ``lower``: matmuls, linear, convolutions, attention -> the autocast dtype;
-- ``fp32``: reductions prone to overflow, norms, losses, pointwise ``exp``/``log``... -> float32;
+- ``fp32``: reductions prone to overflow, norms, losses, pointwise ``exp``/``log``... -> float32,
+  and, from torch's CPU list, the ops with no low-precision kernel (FFTs, solvers and
+  decompositions, ``quantile``, ``polar``...), which CUDA's autocast leaves to raise;
 - ``fp32_set_opt_dtype``: ``sum``/``softmax``/``cumsum``...: computed with ``dtype=float32``
   unless the call gives a dtype;
 - ``promote``: ops mixing inputs (``cat``, ``addcmul``, ...) -> the widest input dtype;
@@ -46,6 +48,16 @@ _FP32 = """
     upsample_bicubic2d _upsample_bicubic2d_aa norm rms_norm
     cross_entropy_loss
 """.split()  # cross_entropy_loss: from torch's CPU list (CUDA runs its log_softmax in the input dtype)
+# Ops of torch's CPU fp32 list that have no float16/bfloat16 kernel on tpu (nor on CUDA): in float32 as on CPU,
+# where CUDA's autocast would raise (a bf16 activation reaching an FFT layer, a solver, quantile).
+_FP32 += """
+    fft_fft fft_ifft fft_fft2 fft_ifft2 fft_fftn fft_ifftn fft_rfft fft_irfft fft_rfft2 fft_irfft2 fft_rfftn
+    fft_irfftn fft_hfft fft_ihfft stft polar view_as_complex quantile nanquantile avg_pool3d cholesky
+    cholesky_inverse cholesky_solve inverse lu_solve orgqr ormqr pinverse geqrf qr svd triangular_solve linalg_cond
+    linalg_matrix_rank linalg_solve linalg_cholesky linalg_cholesky_ex linalg_svd linalg_svdvals linalg_eig
+    linalg_eigvals linalg_eigh linalg_eigvalsh linalg_inv linalg_inv_ex linalg_householder_product linalg_tensorinv
+    linalg_tensorsolve linalg_lstsq linalg_qr
+""".split()
 _FP32_SET_OPT_DTYPE = "prod softmax log_softmax cumprod cumsum linalg_vector_norm linalg_matrix_norm sum".split()
 _PROMOTE = """
     addcdiv addcmul atan2 bilinear cross dot vdot grid_sampler index_put tensordot scatter_add cat stack index_copy
