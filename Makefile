@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-opinfo test-contract coverage soak fuzz dtype-sweep arg-sweep value-sweep lint venv clean bench notebooks
+.PHONY: demo test test-opinfo test-contract coverage soak fuzz dtype-sweep arg-sweep value-sweep mixed-sweep lint venv clean bench notebooks
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,10 @@ dtype-sweep: $(STAMP)
 # Calls with an out-of-range dim or a wrong index dtype that CPU torch rejects and tpu computes (a survey, not a test).
 arg-sweep: $(STAMP)
 	$(BIN)/python tests/arg_sweep.py
+
+# Ops whose tpu dtype or values differ from CPU torch's for operands of two float dtypes (a survey, not a test).
+mixed-sweep: $(STAMP)
+	$(BIN)/python tests/mixed_sweep.py
 
 # Ops and modules whose tpu values differ from CPU torch's (a survey, not a test; options in tests/value_sweep.py).
 value-sweep: $(STAMP)

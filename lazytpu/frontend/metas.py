@@ -363,6 +363,24 @@ def _dense(func, *, padded_only: bool = True):
     return run
 
 
+def _first_dtype(func):
+    """``func``'s meta output in its first argument's dtype, as CPU's kernel
+    allocates it (``empty_like(input)``); the meta kernel (from torch._refs)
+    promotes, so a float64 target made the loss float64."""
+
+    def run(x, *args, **kwargs):
+        return func(x, *args, **kwargs).to(x.dtype)
+
+    return run
+
+
+def _addr(x, vec1, vec2, *, beta=1, alpha=1):
+    """CPU's kernel expands ``x`` before promoting: a 0-dim ``x`` counts as a
+    dimensioned operand (the meta kernel lets bfloat16 vectors win over it)."""
+    out = aten.addr.default(x, vec1, vec2, beta=beta, alpha=alpha)
+    return out.to(torch.promote_types(torch.promote_types(x.dtype, vec1.dtype), vec2.dtype))
+
+
 _PADDINGS = [f"{kind}_pad{k}d" for kind in ("reflection", "replication") for k in (1, 2, 3)]
 
 FIXES = {
@@ -404,6 +422,11 @@ FIXES = {
     aten.randint_like.Tensor_generator: lambda x, high, generator=None, **kwargs: aten.randint_like.Tensor(
         x, high, **kwargs
     ),
+    **{
+        op: _first_dtype(op)
+        for op in (aten.huber_loss.default, aten.soft_margin_loss.default, aten.normal.Tensor_Tensor)
+    },
+    aten.addr.default: _addr,
     aten.nll_loss_forward.default: _byte_target(aten.nll_loss_forward.default, 1),
     aten.nll_loss_backward.default: _byte_target(aten.nll_loss_backward.default, 2),
 }

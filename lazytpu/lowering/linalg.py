@@ -83,8 +83,11 @@ def addbmm(bias, x, y, *, beta=1, alpha=1):
 
 @lowering(aten.addr.default)
 def addr(bias, x, y, *, beta=1, alpha=1):
-    """Element-wise in the input dtype, as torch's CPU kernel:
-    ``beta * self + (alpha * x_i) * y_j`` with the scalars in that dtype."""
+    """Element-wise in the operands' common dtype, as torch's CPU kernel:
+    ``beta * self + (alpha * x_i) * y_j`` with the scalars in that dtype
+    (``self`` expanded first: a 0-dim one promotes as a dimensioned one)."""
+    common = jnp.result_type(bias, x, y)
+    bias, x, y = (a.astype(common) for a in (bias, x, y))
     if jnp.issubdtype(bias.dtype, jnp.floating) and not isinstance(alpha, int):
         alpha = jnp.asarray(alpha).astype(bias.dtype)
         x = alpha * x

@@ -2,7 +2,7 @@
 indexed reductions, running extrema and index factories.
 
 The ``*_scatter`` ops are the functional forms of writing through a view
-(``select``, ``diagonal``, ``as_strided``): the base with the window replaced.
+(``select``, ``slice``, ``diagonal``, ``as_strided``): the base with the window replaced.
 ``as_strided_scatter`` reads ``size``/``stride``/``storage_offset`` against the
 base's contiguous layout (the layout of torch's ``clone`` of a dense base).
 """
@@ -29,6 +29,14 @@ aten = torch.ops.aten
 def select_scatter(x, src, dim, index):
     dim = wrap_dim(dim, x.ndim)
     return x.at[along_axis(dim, index % x.shape[dim])].set(src.astype(x.dtype))
+
+
+@lowering(aten.slice_scatter)
+def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
+    # In the base's dtype as CPU's copy into the slice (torch's decomposition promotes through ``where``)
+    window = [slice(None)] * x.ndim
+    window[wrap_dim(dim, x.ndim)] = slice(start, end, step)
+    return x.at[tuple(window)].set(src.astype(x.dtype))
 
 
 def set_diagonal(base, src, offset: int, dim1: int, dim2: int):

@@ -387,6 +387,16 @@ def norm_statistics(func, args, kwargs):
     return (out[0], *stats, *out[3:])
 
 
+@handles(aten.ldexp.Tensor)
+def ldexp(func, args, kwargs):
+    """CPU's kernel, ``self * pow(2.0, other)``: the power in ``other``'s dtype, rounded
+    there (torch's decomposition raises a tensor of ``self``'s dtype, so a bfloat16
+    ``other`` gave float32 powers)."""
+    check_with_meta(func, args, kwargs)
+    call = dict(zip(("self", "other"), args), **kwargs)
+    return aten.mul.Tensor(call["self"], aten.pow.Scalar(2.0, call["other"]))
+
+
 @handles(aten.bincount.default)
 def bincount(func, args, kwargs):
     """The output's length is data (``max(x) + 1``): one host read of the
