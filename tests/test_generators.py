@@ -4,6 +4,7 @@ generator is (Note [tpu generators] in lazytpu.frontend.generator)."""
 from __future__ import annotations
 
 import copy
+import inspect
 import pickle
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from conftest import mode, no_fallback
 
 import lazytpu
+from lazytpu.lowering.registry import RULES
 
 DRAWS = {
     "randn": lambda g: torch.randn(16, device="tpu", generator=g),
@@ -23,6 +25,8 @@ DRAWS = {
     "bernoulli": lambda g: torch.bernoulli(torch.full((64,), 0.5, device="tpu"), generator=g),
     "multinomial": lambda g: torch.multinomial(torch.ones(2, 50, device="tpu"), 10, generator=g),
     "poisson": lambda g: torch.poisson(torch.full((16,), 4.0, device="tpu"), generator=g),  # takes it by position
+    "binomial": lambda g: torch.binomial(torch.full((16,), 9.0, device="tpu"), torch.full((16,), 0.5, device="tpu"), g),
+    "sample_dirichlet": lambda g: torch._sample_dirichlet(torch.ones(4, 8, device="tpu"), generator=g),
     "rand_out": lambda g: torch.rand(16, generator=g, out=torch.empty(16, device="tpu")),
     "init_normal_": lambda g: torch.nn.init.normal_(torch.empty(16, device="tpu"), generator=g),
     "rand_like": lambda g: torch.rand_like(torch.empty(16, device="tpu"), generator=g),
@@ -30,6 +34,19 @@ DRAWS = {
     "randint_like": lambda g: torch.randint_like(torch.empty(16, device="tpu"), 3, 99, generator=g),
     "randint_like_tensor": lambda g: torch.randint_like(torch.empty(16, device="tpu"), torch.tensor(99), generator=g),
 }
+
+
+def test_random_rules_take_the_generator_where_the_schema_puts_it():
+    # binomial's and _sample_dirichlet's rules took it by keyword only: any call with a generator failed to lower
+    for op in RULES:
+        rule = RULES[op]
+        names = [a.name for a in op._schema.arguments] if isinstance(op, torch._ops.OpOverload) else []
+        if not rule.random or "generator" not in names:
+            continue
+        params = list(inspect.signature(rule.fn).parameters.values())
+        at = names.index("generator")
+        if not op._schema.arguments[at].kwarg_only:
+            assert params[at].name == "generator" and params[at].kind is params[at].POSITIONAL_OR_KEYWORD, op
 
 
 def test_a_tpu_generator_is_a_torch_generator_of_the_device():

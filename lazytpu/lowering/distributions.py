@@ -41,7 +41,7 @@ def standard_gamma(alpha, generator=None, *, key):
 
 
 @lowering(aten._sample_dirichlet.default, random=True)
-def sample_dirichlet(alpha, *, generator=None, key):
+def sample_dirichlet(alpha, generator=None, *, key):
     dtype = sampling_dtype(alpha.dtype)
     draws = _gamma(key, alpha, dtype)
     return jnp.maximum(draws / draws.sum(-1, keepdims=True), jnp.finfo(dtype).tiny)
@@ -54,7 +54,7 @@ def poisson(rate, generator=None, *, key):
 
 
 @lowering(aten.binomial.default, random=True)
-def binomial(count, prob, *, generator=None, key):
+def binomial(count, prob, generator=None, *, key):
     """CPU's cases first: no trials or ``prob <= 0`` draw 0, ``prob >= 1`` draws ``count``, a NaN ``prob`` NaN."""
     dtype = sampling_dtype(count.dtype)
     n, p = jnp.broadcast_arrays(count.astype(dtype), prob.astype(dtype))
