@@ -11,6 +11,7 @@ import copy
 from collections import OrderedDict
 
 import torch
+import torch.fx.experimental.proxy_tensor as _proxy_tensor
 
 from lazytpu import _caches
 from lazytpu.frontend.storages import DeviceStorage, TpuStorage, device_storage, storage_address, tag_storage
@@ -446,3 +447,14 @@ class LazyTensor(torch.Tensor):
 # Note [Type name]: errors name an argument by its type's ``__name__`` ("must be tuple of Tensors, not
 # Tensor"); a tpu tensor's is CPU's, its qualified name (by which pickle finds it) LazyTensor.
 LazyTensor.__name__ = "Tensor"
+
+# Note [Traced as a tensor]: ``make_fx`` (and so ``torch.func.linearize``) traces
+# a call only when every tensor in it is a plain tensor or one it tracks; for a
+# subclass it returns NotImplemented and leaves the op to the subclass's
+# ``__torch_dispatch__``, under the still-active tracer. A tpu tensor the traced
+# function closes over (tracked inputs pass) then ran lazytpu's dispatch, the
+# meta work of its shape inference was traced instead of the op, and the result
+# was baked into the graph as a constant: the graph ignored its inputs. A
+# ``LazyTensor`` is a device tensor, not a tensor-like protocol: traced as CPU's
+# tensors are, a closed-over one is a constant of the graph and the op is traced.
+_proxy_tensor.HANDLED_TYPES = (*_proxy_tensor.HANDLED_TYPES, LazyTensor)
