@@ -35,7 +35,7 @@ def _mixed(sample, other):
     seen = []
 
     def cast(t):
-        if not t.is_floating_point():
+        if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
             return t
         first = not seen
         seen.append(t)
@@ -47,7 +47,7 @@ def _mixed(sample, other):
 
 
 def _run(op, sample, device):
-    s = sample.transform(lambda t: t.to(device))
+    s = sample.transform(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t)
     out = op(s.input, *s.args, **s.kwargs)
     return [t.cpu() for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
 
