@@ -105,7 +105,7 @@ def test_memory_stats_has_cudas_main_keys():
     (x + 1).sum().item()
     stats = torch.tpu.memory_stats()
     assert isinstance(stats, collections.OrderedDict) and list(stats) == sorted(stats)
-    for prefix in ("allocated_bytes", "active_bytes", "allocation", "active", "reserved_bytes"):
+    for prefix in ("allocated_bytes", "active_bytes", "requested_bytes", "allocation", "active", "reserved_bytes"):
         for kind in ("current", "peak"):
             assert f"{prefix}.all.{kind}" in stats
     for prefix in ("allocated_bytes", "allocation"):
@@ -115,6 +115,25 @@ def test_memory_stats_has_cudas_main_keys():
     assert stats["allocated_bytes.all.current"] == torch.tpu.memory_allocated()
     assert stats["allocated_bytes.all.peak"] == torch.tpu.max_memory_allocated()
     assert stats["allocation.all.current"] >= 1
+
+
+def test_cudas_other_memory_functions():
+    # code written for CUDA prints the summary, reads the nested stats, resets by the older name
+    x = torch.randn(256).to("tpu")
+    stats = torch.tpu.memory_stats()
+    assert stats["requested_bytes.all.current"] == stats["allocated_bytes.all.current"] >= x.nbytes
+    nested = torch.tpu.memory_stats_as_nested_dict()
+    assert nested["allocated_bytes"]["all"]["current"] == stats["allocated_bytes.all.current"]
+    summary = torch.tpu.memory_summary()
+    assert "Allocated memory" in summary and "Peak Usage" in summary and "tpu:0" in summary
+    (x * 2).sum().item()
+    torch.tpu.reset_max_memory_allocated()
+    assert torch.tpu.max_memory_allocated() == torch.tpu.memory_allocated()
+    assert torch.tpu.OutOfMemoryError is torch.OutOfMemoryError and torch.tpu.is_bf16_supported()
+    with torch.tpu.device_of(x):
+        assert torch.tpu.current_device() == 0
+    with torch.tpu.device_of(torch.ones(1)):  # a CPU tensor changes nothing
+        assert torch.tpu.current_device() == 0
 
 
 def test_totals_reset():

@@ -92,7 +92,8 @@ def memory_stats(device=None) -> collections.OrderedDict:
     ``allocated_bytes.all.{current,peak,allocated,freed}`` (bytes),
     ``allocation.all.{current,peak,allocated,freed}`` (buffers),
     ``active_bytes.all.*`` and ``active.all.*`` (the same: a buffer is
-    active while held), ``reserved_bytes.all.{current,peak}``, and
+    active while held), ``requested_bytes.all.*`` (the same bytes: none are
+    rounded up), ``reserved_bytes.all.{current,peak}``, and
     ``num_device_alloc``/``num_device_free``. Where PJRT reports statistics
     of its own, they follow as ``device.<name>``. Sorted by name, as torch's.
     """
@@ -103,9 +104,62 @@ def memory_stats(device=None) -> collections.OrderedDict:
     for prefixes, count in ((("allocated_bytes", "active_bytes"), ""), (("allocation", "active"), "count_")):
         for prefix in prefixes:
             stats |= {f"{prefix}.all.{k}": counts[count + k] for k in ("current", "peak", "allocated", "freed")}
+    # requested: what tensors asked for, the same bytes (no rounding to a block size)
+    stats |= {f"requested_bytes.all.{k}": counts[k] for k in ("current", "peak", "allocated", "freed")}
     stats |= {"reserved_bytes.all.current": reserved, "reserved_bytes.all.peak": reserved_peak}
     stats |= {f"device.{k}": v for k, v in (counts["device"] or {}).items()}
     return collections.OrderedDict(sorted(stats.items()))
+
+
+def memory_stats_as_nested_dict(device=None) -> dict:
+    """``memory_stats`` as ``torch.cuda``'s nested form: ``{"allocated_bytes": {"all": {"current": ...}}}``."""
+    nested: dict = {}
+    for name, value in memory_stats(device).items():
+        *path, last = name.split(".")
+        node = nested
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return nested
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    """``reset_peak_memory_stats``, by ``torch.cuda``'s older name."""
+    reset_peak_memory_stats(device)
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B  ", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B  " else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A table of ``memory_stats``, as ``torch.cuda.memory_summary`` prints:
+    current, peak, total allocated and total freed, in bytes and buffers.
+    ``abbreviated`` is accepted; lazytpu has one pool, so the table is short."""
+    stats = memory_stats(device)
+    rows = [
+        ("Allocated memory", "allocated_bytes", _bytes),
+        ("Active memory", "active_bytes", _bytes),
+        ("Requested memory", "requested_bytes", _bytes),
+        ("Reserved memory", "reserved_bytes", _bytes),
+        ("Allocations", "allocation", str),
+        ("Active allocs", "active", str),
+    ]
+    columns = ("current", "peak", "allocated", "freed")
+    line = "=" * 79
+    out = [line, f" lazytpu memory summary, device tpu:{device_index(device)}".ljust(79), line]
+    out.append(f" {'Metric':<22}| {'Cur Usage':>12} | {'Peak Usage':>12} | {'Tot Alloc':>12} | {'Tot Freed':>10}")
+    out.append("-" * 79)
+    for title, key, fmt in rows:
+        cells = [stats.get(f"{key}.all.{c}") for c in columns]
+        shown = [fmt(v) if v is not None else "" for v in cells]
+        out.append(f" {title:<22}| {shown[0]:>12} | {shown[1]:>12} | {shown[2]:>12} | {shown[3]:>10}")
+    out.append(line)
+    return "\n".join(out) + "\n"
 
 
 def mem_get_info(device=None) -> tuple[int, int]:

@@ -21,7 +21,10 @@ from lazytpu.device.memory import (
     memory_allocated,
     memory_reserved,
     memory_stats,
+    memory_stats_as_nested_dict,
+    memory_summary,
     reset_accumulated_memory_stats,
+    reset_max_memory_allocated,
     reset_peak_memory_stats,
 )
 from lazytpu.device.streams import Event, Stream, StreamContext, current_stream, default_stream, set_stream, stream
@@ -30,6 +33,7 @@ from lazytpu.engine import EagerMode
 __all__ = [
     "EagerMode",
     "Event",
+    "OutOfMemoryError",
     "Stream",
     "StreamContext",
     "current_device",
@@ -37,6 +41,7 @@ __all__ = [
     "current_stream",
     "default_stream",
     "device_count",
+    "device_of",
     "eager_mode",  # noqa: F822 - a property of the module (see _TpuModule)
     "empty_cache",
     "get_amp_supported_dtype",
@@ -45,6 +50,7 @@ __all__ = [
     "get_rng_state",
     "get_rng_state_all",
     "init",
+    "is_bf16_supported",
     "initial_seed",
     "is_available",
     "is_initialized",
@@ -56,7 +62,10 @@ __all__ = [
     "memory_allocated",
     "memory_reserved",
     "memory_stats",
+    "memory_stats_as_nested_dict",
+    "memory_summary",
     "reset_accumulated_memory_stats",
+    "reset_max_memory_allocated",
     "reset_peak_memory_stats",
     "seed",
     "seed_all",
@@ -191,6 +200,15 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
     return [torch.bfloat16, torch.float16]
 
 
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """True: every platform lazytpu runs on computes bfloat16 (code written for
+    CUDA picks its autocast dtype with this)."""
+    return True
+
+
+OutOfMemoryError = torch.OutOfMemoryError  # what a program that does not fit raises, as torch.cuda's name
+
+
 class device(contextlib.ContextDecorator):  # noqa: N801 (torch.cuda.device's name)
     """``torch.tpu.device(d)``: a context manager that makes ``d`` the current
     tpu device, as ``torch.cuda.device`` does (torch's storage ``.to(device=...)``
@@ -215,6 +233,14 @@ class device(contextlib.ContextDecorator):  # noqa: N801 (torch.cuda.device's na
         if self.index >= 0 and self.index != self.previous:
             set_device(self.previous)
         return False
+
+
+class device_of(device):  # noqa: N801 (torch.cuda.device_of's name)
+    """``torch.tpu.device_of(t)``: makes ``t``'s device current for the block;
+    a tensor of another device type changes nothing, as ``torch.cuda.device_of``."""
+
+    def __init__(self, obj) -> None:
+        super().__init__(obj.get_device() if obj.device.type == "tpu" else -1)
 
 
 class set_eager_mode:  # noqa: N801 - named as TorchTPU's function
