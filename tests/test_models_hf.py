@@ -166,6 +166,22 @@ def test_moe_training_matches_cpu_on_the_device():
         torch.testing.assert_close(tpu_grads[key], grad, rtol=1e-4, atol=1e-5, msg=key)
 
 
+def test_moe_compiles_in_float32_as_cpu_computes_it():
+    """transformers sends a tpu MoE layer to ``torch._grouped_mm`` in every dtype; under
+    ``torch.compile`` its fake tensors met torch's meta kernel, CUDA's, which refuses
+    float32 (Note [Dynamo hooks] in lazytpu/compile/_dynamo_hooks.py)."""
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(
+        MixtralConfig(intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, **DECODER)
+    )
+    ids = torch.randint(3, VOCAB, (2, 7))
+    with torch.no_grad():
+        expected = model(ids).logits
+        torch._dynamo.reset()
+        got = torch.compile(model.to("tpu"), backend="tpu")(ids.to("tpu")).logits
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_models_record_fused_attention(name):
     """``F.scaled_dot_product_attention`` in the models is one op each way, not the math decomposition."""

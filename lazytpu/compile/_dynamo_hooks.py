@@ -1,6 +1,6 @@
 """The one module that touches ``torch._dynamo``'s internals (Note [Dynamo hooks]).
 
-Note [Dynamo hooks]: three things make ``torch.compile`` work on ``tpu``
+Note [Dynamo hooks]: four things make ``torch.compile`` work on ``tpu``
 tensors, installed together right after ``torch._dynamo`` is imported
 (Note [Lazy dynamo install]):
 
@@ -18,7 +18,13 @@ tensors, installed together right after ``torch._dynamo`` is imported
 2. AOTAutograd expects the tangents of the backward to be plain tensors (the
    forward's fake outputs were); a ``LazyTensor`` tangent is one, so it says
    so with ``__coerce_same_metadata_as_tangent__``.
-3. lazytpu's own files, and JAX's, are skipped by dynamo
+3. Fake tensors on ``tpu`` take the output metas of lazytpu's recording
+   where torch's meta kernel is CUDA's and refuses what the device computes:
+   ``_grouped_mm`` of float32 (transformers' MoE layers call it on tpu in
+   every dtype, so Mixtral under ``torch.compile`` or
+   ``lazytpu.generation.decode`` failed in float32). Shapes must be concrete
+   (a symbolic call keeps torch's kernel).
+4. lazytpu's own files, and JAX's, are skipped by dynamo
    (``trace_rules.add``): after a graph break the eager ops run through
    lazytpu's dispatcher and into JAX, which dynamo must not try to compile as
    user code (skipping is per frame: a skipped lazytpu function calling JAX
@@ -91,6 +97,41 @@ def _coerce_same_metadata_as_tangent(self, expected_metadata, expected_type=None
     return self
 
 
+def _fake_kernel(meta_of):
+    """A fake-tensor kernel that gives ``tpu`` calls the metas ``meta_of``
+    infers on meta tensors of the same layouts (Note [Dynamo hooks], 3)."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    def kernel(fake_mode, func, *args, **kwargs):
+        tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        sizes = [s for t in tensors for s in (*t.shape, *t.stride())]
+        if not any(t.device.type == "tpu" for t in tensors) or any(isinstance(s, torch.SymInt) for s in sizes):
+            return NotImplemented
+
+        def meta(t):
+            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+        with unset_fake_temporarily():
+            margs, mkwargs = torch.utils._pytree.tree_map_only(torch.Tensor, meta, (args, kwargs))
+            out = meta_of(*margs, **mkwargs)
+        with fake_mode:
+            return torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=tensors[0].device)
+
+    return kernel
+
+
+def _register_fake_kernels() -> None:
+    import torch
+    from torch._subclasses import fake_impls
+
+    from lazytpu.frontend import metas
+
+    op = torch.ops.aten._grouped_mm.default
+    if op not in fake_impls.op_implementations_dict:
+        fake_impls.register_op_impl(op)(_fake_kernel(metas.SHAPES[op]))
+
+
 def _route_default_backend() -> None:
     """``torch.compile``'s default backend compiles tpu graphs with lazytpu's (Note [Dynamo hooks])."""
     import torch
@@ -148,6 +189,7 @@ def install() -> None:
     for name in _BACKEND_NAMES:
         register_backend(compiler_fn=compile_backend, name=name)
     _route_default_backend()
+    _register_fake_kernels()
 
 
 class _ThenCall(importlib.abc.Loader):
