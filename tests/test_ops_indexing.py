@@ -194,14 +194,28 @@ def test_a_cpu_tensor_indexed_by_tpu_indices_raises_torchs_error(fn):
     assert torch.equal(x, torch.zeros(3, 4, 4))
 
 
+SUMS = {
+    "index_add": lambda x, i, s, dim: x.index_add(dim, i, s),
+    "scatter_add": lambda x, i, s, dim: x.scatter_add(dim, _along(i, s, dim), s),
+    "scatter_reduce_sum": lambda x, i, s, dim: x.scatter_reduce(dim, _along(i, s, dim), s, "sum", include_self=False),
+}
+
+
+def _along(index, src, dim):
+    shape = [1, 1]
+    shape[dim] = -1
+    return index.reshape(shape).expand(src.shape)
+
+
+@pytest.mark.parametrize("name", sorted(SUMS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("dim", [0, 1])
-def test_index_add_of_half_updates_sums_them_in_float32_as_cpu(dtype, dim):
+def test_sums_of_half_updates_add_them_in_float32_as_cpu(name, dtype, dim):
     # many updates of one row: a scatter in the half dtype rounded each add (8.5% off at 16k updates in bfloat16)
     gen = torch.Generator().manual_seed(0)
     x, src = torch.randn(4, 16, generator=gen), torch.randn(2000, 16, generator=gen)
     index = torch.randint(0, 4, (2000,), generator=gen)
     if dim == 1:
         x, src = x.T.contiguous(), src.T.contiguous()
-    out = run_both(lambda x, i, s: x.index_add(dim, i, s), x.to(dtype), index, src.to(dtype), atol=0, rtol=0)
+    out = run_both(lambda x, i, s: SUMS[name](x, i, s, dim), x.to(dtype), index, src.to(dtype), atol=0, rtol=0)
     assert out.dtype == dtype

@@ -131,10 +131,13 @@ def _scatter(x, dim, index, src, reduce=None):
     src = jnp.broadcast_to(_dtypes.number(src, x.dtype), index.shape) if jnp.ndim(src) == 0 else src
     if jnp.ndim(src) and src.shape != index.shape:
         src = src[tuple(slice(0, n) for n in index.shape)]
-    at = x.at[_axis_index(write_positions([index], [x.shape[dim]], negative=False)[0], dim, x.ndim)]
+    where = _axis_index(write_positions([index], [x.shape[dim]], negative=False)[0], dim, x.ndim)
+    at = x.at[where]
     src = src.astype(x.dtype)
     if reduce is None:
         return at.set(src, mode="drop")
+    if reduce in ("add", "sum") and x.dtype in (jnp.bfloat16, jnp.float16):  # CPU sums half values in float32
+        return x.astype(jnp.float32).at[where].add(src.astype(jnp.float32), mode="drop").astype(x.dtype)
     if reduce in ("add", "sum"):
         return at.add(src, mode="drop")
     if reduce in ("multiply", "prod"):
