@@ -129,11 +129,13 @@ def reset_max_memory_allocated(device=None) -> None:
 
 
 def _bytes(n: int) -> str:
-    for unit in ("B  ", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B  " else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
+    if n < 1024:
+        return f"{n} B  "
+    scaled, unit = n / 1024, "KiB"
+    for larger in ("MiB", "GiB"):
+        if scaled >= 1024:
+            scaled, unit = scaled / 1024, larger
+    return f"{scaled:.2f} {unit}"
 
 
 def memory_summary(device=None, abbreviated: bool = False) -> str:
