@@ -103,6 +103,15 @@ def put(x, index, source, accumulate=False):
     return (at.add(source, mode="drop") if accumulate else at.set(source, mode="drop")).reshape(x.shape)
 
 
+def add_at(x, where, src):
+    """``x.at[where].add(src)`` (out-of-range positions dropped). Half dtypes sum
+    in float32 and round once, as CPU's scatter-add: a scatter in the half dtype
+    rounds at every add (8.5% off with 16k updates of one row in bfloat16)."""
+    if x.dtype in (jnp.bfloat16, jnp.float16):
+        return x.astype(jnp.float32).at[where].add(src.astype(jnp.float32), mode="drop").astype(x.dtype)
+    return x.at[where].add(src.astype(x.dtype), mode="drop")
+
+
 def _axis_index(index, dim, ndim):
     """Index arrays selecting ``index`` along ``dim`` and everything elsewhere."""
     grids = jnp.meshgrid(*[jnp.arange(n) for n in index.shape], indexing="ij")
@@ -136,10 +145,8 @@ def _scatter(x, dim, index, src, reduce=None):
     src = src.astype(x.dtype)
     if reduce is None:
         return at.set(src, mode="drop")
-    if reduce in ("add", "sum") and x.dtype in (jnp.bfloat16, jnp.float16):  # CPU sums half values in float32
-        return x.astype(jnp.float32).at[where].add(src.astype(jnp.float32), mode="drop").astype(x.dtype)
     if reduce in ("add", "sum"):
-        return at.add(src, mode="drop")
+        return add_at(x, where, src)
     if reduce in ("multiply", "prod"):
         return at.multiply(src, mode="drop")
     if reduce == "amax":

@@ -22,7 +22,7 @@ import torch
 from jax import lax
 
 from lazytpu import _dtypes
-from lazytpu.lowering.indexing import write_positions
+from lazytpu.lowering.indexing import add_at, write_positions
 from lazytpu.lowering.registry import lowering
 from lazytpu.lowering.strided import reinterpret
 
@@ -251,9 +251,7 @@ def index_add(x, dim, index, source, *, alpha=1):
     source = source.reshape(source.shape if source.ndim else (1,))
     # Note [Failed writes change nothing] in lazytpu.frontend.checks.value_checks
     (position,) = write_positions([index.reshape(-1)], [x.shape[dim]], negative=False)
-    if x.dtype in (jnp.bfloat16, jnp.float16) and type(alpha) is int and alpha == 1:
-        # CPU's scatter-add sums half updates in float32 and rounds once (with another alpha it adds
-        # slice by slice, rounding each add: as this scatter in the half dtype, up to the order)
-        wide = x.astype(jnp.float32).at[along_axis(dim, position)].add(source.astype(jnp.float32), mode="drop")
-        return wide.astype(x.dtype)
+    if type(alpha) is int and alpha == 1:  # CPU's scatter-add (half updates summed in float32)
+        return add_at(x, along_axis(dim, position), source)
+    # with another alpha CPU adds slice by slice, rounding each add: as this scatter, up to the order
     return x.at[along_axis(dim, position)].add((alpha * source).astype(x.dtype), mode="drop")
