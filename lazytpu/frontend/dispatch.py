@@ -9,9 +9,12 @@ Note [Resolution order]: the route of an op, tried in this order:
 5. an in-place or ``out=`` form of an op that resolves: run the functional
    op, then write the result into the target (``routes.inplace``);
 6. torch's decomposition table, then CompositeImplicit decomposition, then
-   a ``torch.library.custom_op``'s Python body, or a Python kernel registered
-   for the device (``torch.library.impl(op, "PrivateUse1")``, as FSDP2's
-   ``fsdp.*`` ops have), which torch never calls for a tensor subclass;
+   a Python kernel of a ``torch.library`` op for the device: a ``custom_op``'s
+   kernel for ``tpu``, else its body for every device; a kernel registered
+   for ``PrivateUse1`` (as FSDP2's ``fsdp.*`` ops have) or for every device
+   (``CompositeExplicitAutograd``). Torch never calls these for a tensor
+   subclass. A ``custom_op`` whose kernels are all for other devices
+   (``device_types="cpu"``, a NumPy body) runs its CPU kernel (step 7);
 7. CPU fallback (counted, warned once per op), or NotImplementedError when
    ``LAZYTPU_CPU_FALLBACK=0``.
 
@@ -273,18 +276,22 @@ _DEVICE_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
 
 @functools.cache
 def _custom_op_body(func):
-    """A ``torch.library.custom_op``'s Python body, or the op's Python kernel
-    for the device, run by redispatching to it (step 6): torch ops on
-    tensors, so it runs on ``tpu`` tensors as user code does."""
+    """The Python kernel of a ``torch.library`` op for the device (step 6):
+    torch ops on tensors, so it runs on ``tpu`` tensors as user code does.
+    None where the op has none (its kernels are for other devices)."""
     if func.namespace == "aten":
         return None
     opdef = torch._library.custom_ops._maybe_get_opdef(func)
     if opdef is not None:
-        return opdef._init_fn
+        kernels = opdef._backend_fns  # by device type; None: every device
+        return kernels.get("tpu", kernels.get(None))
     name = func._opname if func._overloadname == "default" else f"{func._opname}.{func._overloadname}"
-    if f"{func.namespace}/{name}/PrivateUse1" in torch.library._impls:
+    if any(f"{func.namespace}/{name}/{key}" in torch.library._impls for key in _DEVICE_KERNEL_KEYS):
         return functools.partial(func.redispatch, _DEVICE_KEYS)
     return None
+
+
+_DEVICE_KERNEL_KEYS = ("PrivateUse1", "CompositeExplicitAutograd")
 
 
 @functools.cache
