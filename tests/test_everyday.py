@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -467,6 +468,11 @@ def receive(queue, answer):
     answer.put((t.device.type, t.tolist()))
 
 
+def receive_arguments(t, model, answer):
+    w = model.weight
+    answer.put((t.device.type, t.tolist(), w.device.type, isinstance(w, torch.nn.Parameter), w.tolist()))
+
+
 def run(context, dataset, collate):
     kw = {} if collate is None else {"collate_fn": collate}
     try:
@@ -497,6 +503,12 @@ if __name__ == "__main__":
     queue.put(torch.arange(4.0, device="tpu")[1:3])
     print("sent |", answer.get(timeout=120))
     child.join()
+    model = torch.nn.Linear(2, 1, bias=False).to("tpu")  # a process's arguments are pickled before it starts
+    torch.nn.init.constant_(model.weight, 3.0)
+    child = ctx.Process(target=receive_arguments, args=(torch.arange(4.0, device="tpu")[1:3], model, answer))
+    child.start()
+    print("sent_as_arguments |", answer.get(timeout=120))
+    child.join()
 """
 
 
@@ -519,6 +531,21 @@ def test_dataloader_workers_returning_tpu_tensors_get_a_clear_error(tmp_path):
     assert "Caught RuntimeError in DataLoader worker process 0" in results["spawn_makes_default"]
     assert results["cpu_workers_pinned"] == "28.0"
     assert results["sent"] == "('tpu', [1.0, 2.0])"
+    assert results["sent_as_arguments"] == "('tpu', [1.0, 2.0], 'tpu', True, [[3.0, 3.0]])"
+
+
+def test_share_memory_of_tpu_tensors_warns_that_processes_get_copies(monkeypatch):
+    from lazytpu.device import serialization
+
+    monkeypatch.setattr(serialization, "_warned_sharing", [])
+    model = torch.nn.Linear(2, 2).to("tpu")
+    with pytest.warns(UserWarning, match="tpu memory is not shared between processes") as caught:
+        assert model.share_memory() is model
+        model.weight.share_memory_()
+    assert len(caught) == 1 and caught[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.zeros(2).share_memory_()  # CPU tensors: torch's own, silent
 
 
 def test_device_context_switches_the_current_device_and_back():

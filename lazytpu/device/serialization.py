@@ -26,6 +26,7 @@ from torch.utils.data import get_worker_info
 from lazytpu import runtime
 from lazytpu.frontend import hostio
 from lazytpu.frontend.tensor import LazyTensor
+from lazytpu.ir.source import user_stacklevel
 
 _STORAGE_NEW = torch.UntypedStorage.__new__
 
@@ -82,9 +83,38 @@ def reduce_for_another_process(t: LazyTensor):
         return _raise_received, (str(_in_worker_error()),)
     if vars(t).get("_is_param"):
         return torch._utils._rebuild_parameter, (t.detach(), t.requires_grad, OrderedDict())
-    memory = hostio.saved_storage(t)
-    host = torch.empty(0, dtype=t.dtype).set_(memory, t.storage_offset(), t.shape, t.stride())
-    return torch._utils._rebuild_device_tensor_from_cpu_tensor, (host, t.dtype, str(t.device), t.requires_grad)
+    # By value: a host copy sent through shared memory is freed with the
+    # pickler, before a process being spawned inherits its file descriptor.
+    data = torch.empty(0, dtype=torch.uint8).set_(hostio.saved_storage(t)).numpy().tobytes()
+    layout = (t.storage_offset(), tuple(t.shape), t.stride())
+    return _receive, (data, t.dtype, layout, str(t.device), t.requires_grad)
+
+
+def _receive(data: bytes, dtype: torch.dtype, layout: tuple, device: str, requires_grad: bool) -> torch.Tensor:
+    """A tensor ``reduce_for_another_process`` sent, on tpu in the receiver."""
+    memory = torch.frombuffer(bytearray(data), dtype=torch.uint8).untyped_storage() if data else torch.UntypedStorage()
+    host = torch.empty(0, dtype=dtype).set_(memory, *layout)
+    return torch._utils._rebuild_device_tensor_from_cpu_tensor(host, dtype, device, requires_grad)
+
+
+_SHARE_MEMORY = torch.UntypedStorage.share_memory_
+_warned_sharing = []
+
+
+def _share_memory(self, *args, **kwargs):
+    """``share_memory_()`` (``module.share_memory()``): a no-op for a tpu
+    storage, as for CUDA's, but tpu memory is not shared with the processes a
+    tensor is sent to (Note [tpu tensors between processes]); a warning says so."""
+    if self.device.type == "tpu" and not _warned_sharing:
+        _warned_sharing.append(True)
+        warnings.warn(
+            "lazytpu: share_memory_() of a tpu tensor: tpu memory is not shared between processes, so a process "
+            "it is sent to gets a copy, and its updates are not seen here (Hogwild training needs CPU tensors). "
+            "This warning is shown once.",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
+    return _SHARE_MEMORY(self, *args, **kwargs)
 
 
 def _untyped_storage_new(cls, *args, device=None, **kwargs):
@@ -128,9 +158,11 @@ def register(lib: torch.library.Library) -> None:
     # Before the CPU deserializer (10) and torch's privateuse1 one (23), which
     # needs an allocator a Python backend has none of (Note [tpu storages] in frontend/hostio).
     torch.serialization.register_package(9, hostio.storage_location, restore_storage)
-    # The one patch of a torch class for storages: torch's constructor crashes the
-    # process for a device with no allocator (DataLoader workers' default_collate calls it).
+    # The patches of a torch class for storages: torch's constructor crashes the
+    # process for a device with no allocator (DataLoader workers' default_collate
+    # calls it), and its share_memory_() says nothing where tpu memory is not shared.
     torch.UntypedStorage.__new__ = staticmethod(_untyped_storage_new)
+    torch.UntypedStorage.share_memory_ = _share_memory
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=False, for_module=False, for_packed_sequence=False, for_storage=True
     )  # storage.tpu(), storage.is_tpu, as storage.cuda()
