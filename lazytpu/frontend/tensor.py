@@ -414,6 +414,15 @@ class LazyTensor(torch.Tensor):
         vars(new).update((k, v) for k, v in vars(self).items() if k not in REPRESENTATION)
         return new
 
+    def as_subclass(self, cls):
+        """``Tensor.as_subclass`` (Note [Subclasses of tpu tensors])."""
+        twin = _subclass_twin(cls)
+        if twin is None:  # not a tensor class, or a wrapper of its own: torch's errors
+            return _AS_SUBCLASS(self, cls)
+        out = torch.ops.aten.alias.default(self)  # as torch's: a view that autograd tracks
+        out.__class__ = twin
+        return out
+
     def tolist(self):
         return BACKEND.to_cpu(self, reason="tolist").tolist()
 
@@ -429,12 +438,14 @@ class LazyTensor(torch.Tensor):
     def __repr__(self, *, tensor_contents=None) -> str:
         from torch._tensor_str import _str, _tensor_str
 
-        with torch.no_grad():
+        with torch.no_grad(), torch._C.DisableTorchFunctionSubclass():  # a plain host tensor for a subclass too
             host = self.detach().cpu()
         plain = _str(host)
         contents = _tensor_str(host, len("tensor("))
         head = "tensor(" + contents
         rest = plain[len(head) : -1] if plain.startswith(head) else ""
+        if type(self) is not LazyTensor:  # a subclass's name (Note [Subclasses of tpu tensors])
+            head = f"{type(self).__name__}({_tensor_str(host, len(type(self).__name__) + 1)}"
         suffix = f", device='{self.device}'" + rest
         if self.grad_fn is not None:
             suffix += f", grad_fn=<{type(self.grad_fn).__name__}>"
@@ -442,6 +453,51 @@ class LazyTensor(torch.Tensor):
             suffix += ", requires_grad=True"
         prefix = "Parameter containing:\n" if getattr(self, "_is_param", False) else ""  # torch's Parameter's
         return prefix + head + suffix + ")"
+
+
+# Note [Subclasses of tpu tensors]: ``t.as_subclass(cls)`` makes a ``cls``
+# object on ``t``'s tensor; a tpu tensor is already the Python object
+# ``LazyTensor``, so torch's refuses it ("already associated to a python
+# object"), and with it every library that wraps tensors in a subclass of its
+# own (torchvision's ``tv_tensors``: ``BoundingBoxes``, ``Mask``, ``Image``).
+# On tpu the result is an alias of ``t`` of ``cls``'s twin: a class deriving
+# from ``cls`` and ``LazyTensor`` (isinstance of both, named as ``cls``), with
+# ``cls``'s ``__torch_function__``, so its ops wrap their results as ``cls``'s
+# do on CPU, and ``LazyTensor``'s ``__torch_dispatch__``. ``as_subclass(torch.Tensor)``
+# gives a plain tpu tensor. A class with a ``__torch_dispatch__`` of its own (a
+# wrapper subclass) cannot be both, and keeps torch's error.
+_AS_SUBCLASS = torch.Tensor.as_subclass
+_TWINS: dict[type, type] = {}
+
+
+def _subclass_twin(cls) -> type | None:
+    if not isinstance(cls, type) or not issubclass(cls, torch.Tensor):
+        return None
+    if cls is torch.Tensor or issubclass(cls, LazyTensor):
+        return LazyTensor if cls is torch.Tensor else cls
+    if cls.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__:
+        return None
+    twin = _TWINS.get(cls)
+    if twin is None:
+        twin = type(cls.__name__, (cls, LazyTensor), {"__module__": cls.__module__})
+        twin.__qualname__ = cls.__qualname__
+        # set after: torch disables it in a class with a __torch_dispatch__
+        twin.__torch_function__ = classmethod(_twin_torch_function)
+        _TWINS[cls] = twin
+        _TWINS[twin] = twin
+        _ORIGINALS[twin] = cls
+    return twin
+
+
+def _twin_torch_function(twin, func, types, args=(), kwargs=None):
+    """``cls``'s ``__torch_function__``, given ``cls`` where the call has its
+    twin: results are wrapped as ``cls`` (a tpu one as the twin, by
+    ``as_subclass``; one on another device, from ``.cpu()``, as ``cls`` itself)."""
+    cls = _ORIGINALS[twin]
+    return cls.__torch_function__(func, tuple(_ORIGINALS.get(t, t) for t in types), args, kwargs)
+
+
+_ORIGINALS: dict[type, type] = {}
 
 
 # Note [Type name]: errors name an argument by its type's ``__name__`` ("must be tuple of Tensors, not
