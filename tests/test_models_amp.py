@@ -138,3 +138,56 @@ def test_bf16_cnn_training_matches_cpu_autocast():
     # bfloat16 tolerance (the two autocast policies differ in a few ops, e.g. CPU keeps batch norm in bf16)
     torch.testing.assert_close(tpu_losses, cpu_losses, rtol=1.6e-2, atol=1e-2)
     assert tpu_losses[-1] < tpu_losses[0]
+
+
+def _torchvision_ops():
+    """torchvision's detection ops; where it is not installed, stand-ins with their schemas and
+    their CPU kernels' dtype checks (lazytpu's autocast kernels for them are registered by name)."""
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        if not hasattr(torch.ops.torchvision, "roi_align"):
+            lib = torch.library.Library("torchvision", "DEF")
+            lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+            lib.define(
+                "roi_align(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, "
+                "SymInt pooled_width, int sampling_ratio, bool aligned) -> Tensor"
+            )
+            lib.impl("nms", _stand_in_nms, "CPU")
+            lib.impl("roi_align", _stand_in_roi_align, "CPU")
+            _STAND_INS.append(lib)
+    return torch.ops.torchvision
+
+
+_STAND_INS = []
+
+
+def _float32_only(*tensors):
+    if any(t.dtype != tensors[0].dtype for t in tensors) or tensors[0].dtype not in (torch.float32, torch.float64):
+        raise RuntimeError(f"not implemented for {[t.dtype for t in tensors]}")  # as torchvision's CPU kernels
+
+
+def _stand_in_nms(dets, scores, iou_threshold):
+    _float32_only(dets, scores)
+    return torch.argsort(scores, descending=True)
+
+
+def _stand_in_roi_align(x, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned):
+    _float32_only(x, rois)
+    return x[rois[:, 0].long(), :, :pooled_height, :pooled_width] * rois[:, 1:].sum(1)[:, None, None, None]
+
+
+def test_torchvision_detection_ops_run_in_float32_under_autocast_as_on_cuda():
+    """A bfloat16 feature map reaching roi_align (its kernels are float32 only) runs it in
+    float32 and gets bfloat16 back; nms too (Note [torchvision under autocast])."""
+    ops = _torchvision_ops()
+    x, rois = torch.randn(1, 4, 8, 8), torch.tensor([[0, 1.0, 1.0, 6.0, 6.0], [0, 2.0, 0.0, 5.0, 7.0]])
+    boxes, scores = torch.tensor([[0, 0, 10, 10], [1, 1, 11, 11.0]]), torch.tensor([0.8, 0.9])
+    expected = ops.roi_align(x.bfloat16().float(), rois, 1.0, 2, 2, 2, False).bfloat16()
+    with torch.autocast("tpu", dtype=BF16):
+        features = x.to("tpu").bfloat16()
+        out = ops.roi_align(features, rois.to("tpu"), 1.0, 2, 2, 2, False)
+        keep = ops.nms(boxes.to("tpu"), scores.to("tpu").bfloat16(), 0.5)
+    assert out.dtype == BF16 and keep.dtype == torch.int64
+    torch.testing.assert_close(out.cpu(), expected)
+    assert keep.cpu().tolist() == ops.nms(boxes, scores, 0.5).tolist()

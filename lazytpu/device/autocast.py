@@ -169,7 +169,38 @@ def _binary_cross_entropy_banned(*args, **kwargs):
     )
 
 
-def register() -> list[torch.library.Library]:
+# Note [torchvision under autocast]: torchvision's detection ops have C++ kernels for CPU and
+# CUDA only (on tpu they run on CPU, Note [Resolution order] in frontend/dispatch) and autocast
+# kernels for CUDA, CPU and XPU, which run them in float32: a bfloat16 feature map reaching
+# ``roi_align`` under ``torch.autocast("tpu")`` raised from its CPU kernel instead. The same
+# kernels for tpu, as torchvision's CUDA ones: float32 inputs, outputs back in the first input's
+# dtype (``nms``'s indices as they are). They are registered by name, before torchvision defines
+# its ops if it is imported after lazytpu: the dispatcher keeps a kernel for an op defined later.
+_TORCHVISION_FP32 = {  # op: whether its outputs go back to the first input's dtype
+    "nms": False,
+    "roi_align": True,
+    "roi_pool": True,
+    "ps_roi_align": True,
+    "ps_roi_pool": True,
+    "deform_conv2d": True,
+}
+
+
+def _torchvision_kernel(name: str, cast_back: bool):
+    def autocast_kernel(*args):
+        op = getattr(torch.ops.torchvision, name).default
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(_KEY)):
+            out = op(*(_cast(a, torch.float32) for a in args))
+        if not cast_back:
+            return out
+        dtype = args[0].dtype
+        return tuple(t.to(dtype) for t in out) if isinstance(out, tuple) else out.to(dtype)
+
+    autocast_kernel.__qualname__ = f"autocast_fp32[torchvision.{name}]"
+    return autocast_kernel
+
+
+def register() -> list:
     """Install the fallthrough and the policy kernels; returns the libraries to keep alive."""
     fallthrough = torch.library.Library("_", "IMPL")
     fallthrough.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
@@ -179,4 +210,8 @@ def register() -> list[torch.library.Library]:
             for op in _overloads(spec):
                 kernels.impl(op, _kernel(op, policy), "AutocastPrivateUse1")
     kernels.impl("binary_cross_entropy", _binary_cross_entropy_banned, "AutocastPrivateUse1")
-    return [fallthrough, kernels]
+    # torch.library.Library refuses an op not defined yet; the dispatcher's own library does not
+    torchvision = torch._C._dispatch_library("IMPL", "torchvision", "", __file__, 0)
+    for name, cast_back in _TORCHVISION_FP32.items():
+        torchvision.impl(name, "AutocastPrivateUse1", _torchvision_kernel(name, cast_back), False)
+    return [fallthrough, kernels, torchvision]
