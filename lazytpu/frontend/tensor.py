@@ -467,14 +467,17 @@ class LazyTensor(torch.Tensor):
 # gives a plain tpu tensor. A class with a ``__torch_dispatch__`` of its own (a
 # wrapper subclass) cannot be both, and keeps torch's error.
 _AS_SUBCLASS = torch.Tensor.as_subclass
-_TWINS: dict[type, type] = {}
+_TWINS: dict[type, type] = {}  # a user's class: its twin
+_ORIGINALS: dict[type, type] = {}  # a twin: the user's class
 
 
 def _subclass_twin(cls) -> type | None:
     if not isinstance(cls, type) or not issubclass(cls, torch.Tensor):
         return None
-    if cls is torch.Tensor or issubclass(cls, LazyTensor):
-        return LazyTensor if cls is torch.Tensor else cls
+    if cls is torch.Tensor:
+        return LazyTensor
+    if issubclass(cls, LazyTensor):  # a twin, or lazytpu's own
+        return cls
     if cls.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__:
         return None
     twin = _TWINS.get(cls)
@@ -483,9 +486,7 @@ def _subclass_twin(cls) -> type | None:
         twin.__qualname__ = cls.__qualname__
         # set after: torch disables it in a class with a __torch_dispatch__
         twin.__torch_function__ = classmethod(_twin_torch_function)
-        _TWINS[cls] = twin
-        _TWINS[twin] = twin
-        _ORIGINALS[twin] = cls
+        _TWINS[cls], _ORIGINALS[twin] = twin, cls
     return twin
 
 
@@ -495,9 +496,6 @@ def _twin_torch_function(twin, func, types, args=(), kwargs=None):
     ``as_subclass``; one on another device, from ``.cpu()``, as ``cls`` itself)."""
     cls = _ORIGINALS[twin]
     return cls.__torch_function__(func, tuple(_ORIGINALS.get(t, t) for t in types), args, kwargs)
-
-
-_ORIGINALS: dict[type, type] = {}
 
 
 # Note [Type name]: errors name an argument by its type's ``__name__`` ("must be tuple of Tensors, not
