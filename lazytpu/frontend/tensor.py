@@ -467,8 +467,7 @@ class LazyTensor(torch.Tensor):
 # gives a plain tpu tensor. A class with a ``__torch_dispatch__`` of its own (a
 # wrapper subclass) cannot be both, and keeps torch's error.
 _AS_SUBCLASS = torch.Tensor.as_subclass
-_TWINS: dict[type, type] = {}  # a user's class: its twin
-_ORIGINALS: dict[type, type] = {}  # a twin: the user's class
+_TWINS: dict[type, type] = {}  # a user's class: its twin (whose ``_lt_twin_of`` is that class)
 
 
 def _subclass_twin(cls) -> type | None:
@@ -482,11 +481,11 @@ def _subclass_twin(cls) -> type | None:
         return None
     twin = _TWINS.get(cls)
     if twin is None:
-        twin = type(cls.__name__, (cls, LazyTensor), {"__module__": cls.__module__})
+        twin = type(cls.__name__, (cls, LazyTensor), {"__module__": cls.__module__, "_lt_twin_of": cls})
         twin.__qualname__ = cls.__qualname__
         # set after: torch disables it in a class with a __torch_dispatch__
         twin.__torch_function__ = classmethod(_twin_torch_function)
-        _TWINS[cls], _ORIGINALS[twin] = twin, cls
+        _TWINS[cls] = twin
     return twin
 
 
@@ -494,8 +493,8 @@ def _twin_torch_function(twin, func, types, args=(), kwargs=None):
     """``cls``'s ``__torch_function__``, given ``cls`` where the call has its
     twin: results are wrapped as ``cls`` (a tpu one as the twin, by
     ``as_subclass``; one on another device, from ``.cpu()``, as ``cls`` itself)."""
-    cls = _ORIGINALS[twin]
-    return cls.__torch_function__(func, tuple(_ORIGINALS.get(t, t) for t in types), args, kwargs)
+    originals = tuple(getattr(t, "_lt_twin_of", t) for t in types)
+    return twin._lt_twin_of.__torch_function__(func, originals, args, kwargs)
 
 
 # Note [Type name]: errors name an argument by its type's ``__name__`` ("must be tuple of Tensors, not
