@@ -152,6 +152,7 @@ class Lane:
         "computed_checks",
         "check_errors",
         "collective_runner",
+        "cut_site",
     )
 
     def __init__(self, graph: PendingGraph, thread: threading.Thread | None) -> None:
@@ -165,9 +166,9 @@ class Lane:
         self.value_checks: list = []
         self.computed_checks: list = []
         self.check_errors: list = []
-        # Note [In-graph collectives] in lazytpu.distributed.ingraph: set while the pending graph
-        # holds a collective; the next flush runs its program over the group's mesh of processes
-        # instead of on this device alone.
+        self.cut_site = None  # where the graph cap cut the last flush (Note [Graph depth])
+        # Note [In-graph collectives] in lazytpu.distributed.ingraph: set while the pending graph holds a
+        # collective; the next flush runs its program over the group's mesh, not on this device alone.
         self.collective_runner = None
 
     def idle(self) -> bool:
@@ -290,13 +291,13 @@ class DeviceContext:
         lane = lane or self.lane()  # the calling thread's (record passes the one it found)
         lane.graph.recorded_ops += 1
         if flush:
-            self.flush_if_due(task, node.depth, lane)
+            self.flush_if_due(task, node.depth, lane, node)
 
-    def flush_if_due(self, task: bool = True, depth: int = 0, lane: Lane | None = None) -> None:
+    def flush_if_due(self, task: bool = True, depth: int = 0, lane: Lane | None = None, node=None) -> None:
         """Strict mode flushes after each op; deferred mode at the start of a
-        backward pass (Note [Step segments]) and at the graph cap: as many ops
-        pending, or an op ``depth`` ops deep (Note [Graph depth] in
-        lazytpu.ir.node)."""
+        backward pass (Note [Step segments]) and at the graph cap (Note [Graph
+        depth] in lazytpu.ir.node): as many ops pending, an op ``depth`` deep,
+        or past half of either at the op (``node``) where the cap cut last."""
         if MODE.current is not EagerMode.DEFER_AND_FUSE:
             self.flush("strict")
             if MODE.current is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING:
@@ -305,8 +306,11 @@ class DeviceContext:
         lane = lane or self.lane()
         if task:
             self.note_task(lane)  # the ops that record() does not record
-        if lane.graph.pending_ops >= _config.MAX_PENDING_OPS.get() or depth >= _config.MAX_PENDING_DEPTH.get():
+        fill = max(lane.graph.pending_ops / _config.MAX_PENDING_OPS.get(), depth / _config.MAX_PENDING_DEPTH.get())
+        site = None if node is None or fill < 0.5 else (node.static, node.source)  # OpSigs compare by identity
+        if fill >= 1 or (site is not None and site == lane.cut_site):
             self.flush("graph_cap", lane=lane)
+            lane.cut_site = site
 
     def note_task(self, lane: Lane) -> None:
         """Before an op records into ``lane``: the first op of a backward pass
@@ -438,6 +442,7 @@ class DeviceContext:
         """
         graph = lane.graph
         lane.backward = False
+        lane.cut_site = None  # the graph cap sets it again after its flushes
         self.fold_metrics()
         if STEPS_DUE:
             STEPS_DUE.pop(lane, None)

@@ -174,7 +174,8 @@ def _step_run(**env) -> dict:
 def test_step_boundary_flags_from_the_environment():
     off = _step_run(LAZYTPU_SYNC_ON_OPTIMIZER_STEP="0", LAZYTPU_MAX_PENDING_OPS="100", LAZYTPU_STEP_SEGMENTS="0")
     assert off["steps"] == {} and off["executed"] == 0  # three steps, nothing ran yet
-    assert off["capped"] == {"graph_cap": 2} and off["z"] == [250.0] * 4
+    # at 100 pending ops, then at the same op each 50 more (Note [Graph depth])
+    assert off["capped"] == {"graph_cap": 4} and off["z"] == [250.0] * 4
     whole = _step_run(LAZYTPU_STEP_SEGMENTS="0")  # a sync per step, a cap far above 250 ops
     # the third step's program waits for the next op, here the read of ``w`` (Note [Step boundary])
     assert whole["steps"] == {"optimizer_step": 3} and whole["executed"] == 2

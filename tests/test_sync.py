@@ -226,7 +226,8 @@ def test_graph_cap_bounds_pending_ops():
         lazytpu.metrics.reset()
         for _ in range(120):
             x = x + 1
-        assert lazytpu.metrics.snapshot()["syncs"].get("graph_cap") == 2
+        # cut at 50 pending ops, then at the same op once 25 are pending (Note [Graph depth])
+        assert lazytpu.metrics.snapshot()["syncs"].get("graph_cap") == 3
     assert x.cpu().tolist() == [120.0] * 4
 
 
@@ -260,9 +261,40 @@ def test_graph_cap_bounds_the_depth_of_what_is_pending():
         y = x
         for _ in range(240):
             y = y + 1
-        assert lazytpu.metrics.snapshot()["syncs"] == {"graph_cap": 2}
+        assert lazytpu.metrics.snapshot()["syncs"] == {"graph_cap": 3}  # at depth 100, 150 and 200
         assert y.cpu().tolist() == [240.0] * 4
         lazytpu.metrics.reset()
         wide = [x + i for i in range(240)]  # 240 ops, each one deep
         assert lazytpu.metrics.snapshot()["syncs"] == {}
         assert torch.stack(wide).sum().item() == 4 * sum(range(240))
+
+
+def _periodic_loop(y, rounds: int):
+    for _ in range(rounds):  # 7 dependent ops a round: the cap of 100 falls at a different op each time
+        y = torch.tanh(y)
+        y = y * 0.5
+        y = y + 1
+        y = torch.sin(y)
+        y = y * 2
+        y = torch.cos(y)
+        y = y - 0.25
+    return y
+
+
+def test_graph_cap_cuts_a_loop_that_never_syncs_where_it_cut_before():
+    """The graph cap cuts a loop that never syncs (a diffusion model's
+    denoising loop) again at the op where it cut last, once past half the
+    cap: every program after the first is the same one, a cache hit. At a
+    fixed depth the cut fell at another op of the loop each time, and each
+    program compiled anew (diffusers' UNet2DModel, Euler, 30 steps: a compile
+    every 3.5 steps, to the end; now none after step 7)."""
+    x = torch.rand(4, 4)
+    y = x.to("tpu")
+    lazytpu.sync()
+    with _config.MAX_PENDING_DEPTH.override(100):
+        lazytpu.metrics.reset()
+        y = _periodic_loop(y, 200)  # 1,400 ops deep
+        snap = lazytpu.metrics.snapshot()
+        assert snap["syncs"] == {"graph_cap": 24}  # at depth 100, then every 8 rounds (56 deep)
+        assert snap["programs_compiled"] == 2 and snap["cache_hits"] == 22
+    torch.testing.assert_close(y.cpu(), _periodic_loop(x, 200))
