@@ -208,6 +208,12 @@ CASES = {
     "segment_reduce_int": lambda d: torch.segment_reduce(
         _t(4, dtype=torch.int64).to(d), "sum", lengths=torch.tensor([1, 3]).to(d)
     ),
+    # an unknown reduction: lazytpu's lowerings computed a minimum, or failed in the program
+    "segment_reduce_unknown": lambda d: torch.segment_reduce(
+        _t(4).to(d), "maximum", lengths=torch.tensor([1, 3]).to(d)
+    ),
+    "scatter_reduce_unknown": lambda d: _t(3).to(d).scatter_reduce(0, torch.tensor([0, 1]).to(d), _t(2).to(d), "max_"),
+    "index_reduce_max": lambda d: _t(3).to(d).index_reduce(0, torch.tensor([0, 1]).to(d), _t(2).to(d), "max"),
     "histogram_int": lambda d: torch.histogram(_t(5, dtype=torch.int32).to(d), bins=3),
     "histogramdd_half": lambda d: torch.histogramdd(_t(4, 2, dtype=torch.float16).to(d), bins=[2, 2]),
     "qr_half": lambda d: torch.linalg.qr(_t(3, 3, dtype=torch.float16).to(d)),

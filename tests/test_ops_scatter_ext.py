@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from conftest import assert_close, run_both, to_cpu, to_tpu
+from conftest import assert_close, no_fallback, run_both, to_cpu, to_tpu
 
 import lazytpu
 
@@ -292,12 +292,14 @@ def test_complex_scatter_reduce_is_cpus_bit_for_bit(reduce, include_self, dtype)
 SEGMENT_DATA = [[1.0, 1.0], [NAN, 1.0], [3.0, NAN], [4.0, 1.0], [4.0, 2.0], [2.0, -3.0]]
 
 
-@pytest.mark.parametrize("reduce", ["max", "min"])
+@pytest.mark.parametrize("reduce", ["max", "min", "amax", "amin"])
 @pytest.mark.parametrize("initial", [None, 3.5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_segment_max_min_gradients_are_cpus(reduce, initial, dtype):
     """CPU's backward gives a run's gradient to its elements equal to the result or NaN, and
-    divides the positive ones among ties (PyTorch's test_segment_reductions: test_simple_1d)."""
+    divides the positive ones among ties (PyTorch's test_segment_reductions: test_simple_1d).
+    ``amax`` and ``amin`` are torch's other names of ``max`` and ``min`` (what PyG's
+    ``segment(x, ptr, reduce="max")`` passes): ``amax`` computed a minimum."""
 
     def fn(data, lengths, grad):
         out = torch._segment_reduce(data, reduce, lengths=lengths, axis=0, unsafe=True, initial=initial)
@@ -308,6 +310,14 @@ def test_segment_max_min_gradients_are_cpus(reduce, initial, dtype):
     run_both(fn, data, torch.tensor([1, 2, 3, 0], dtype=torch.int), grad)
 
 
+@pytest.mark.parametrize("reduce", ["max", "min", "amax", "amin", "sum", "prod", "mean"])
+def test_segment_reduce_with_offsets_is_cpus(reduce):
+    data = torch.tensor([[1.0, 2.0], [5.0, -1.0], [3.0, 0.5], [2.0, 4.0], [-4.0, 1.0]])
+    run_both(
+        lambda data, offsets: torch._segment_reduce(data, reduce, offsets=offsets), data, torch.tensor([0, 3, 3, 5])
+    )
+
+
 @pytest.mark.parametrize("reduce", ["max", "min", "sum", "prod", "mean"])
 @pytest.mark.parametrize("initial", [None, 0])
 def test_segment_reduce_of_no_elements_is_cpus(reduce, initial):
@@ -316,3 +326,16 @@ def test_segment_reduce_of_no_elements_is_cpus(reduce, initial):
         torch.ones(0),
         torch.tensor([0, 0]),
     )
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("out_int32", [False, True])
+@pytest.mark.parametrize("rows, size", [([0, 0, 2, 2, 2, 4], 6), ([], 3), ([1, 2], 3)])
+def test_csr_row_pointers_are_cpus(rows, size, out_int32, transpose):
+    """A CSR row pointer from sorted COO rows and back (PyG's ``EdgeIndex``: they ran on CPU)."""
+    rows = torch.tensor(rows, dtype=torch.long)
+    with no_fallback():
+        crow = run_both(lambda r: torch._convert_indices_from_coo_to_csr(r, size, out_int32=out_int32), rows)
+        cols = torch.arange(rows.numel(), dtype=crow.dtype)
+        to_coo = torch._convert_indices_from_csr_to_coo
+        run_both(lambda c, col: to_coo(c, col, out_int32=out_int32, transpose=transpose), crow.cpu(), cols)

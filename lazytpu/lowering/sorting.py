@@ -1,5 +1,5 @@
 """Sorting and order statistics: sort, topk, kthvalue, median, mode,
-searchsorted/bucketize and histograms (static bin counts, so static shapes).
+searchsorted/bucketize (and CSR row pointers) and histograms (static bin counts, so static shapes).
 
 Note [NaN order]: torch orders NaN above every number: an ascending sort puts
 NaNs last, a descending one first; ``topk`` takes them as the largest values;
@@ -363,6 +363,20 @@ def searchsorted(boundaries, x, *, out_int32=False, right=False, side=None, sort
 @lowering(aten.bucketize.Tensor, aten.bucketize.Scalar)
 def bucketize(x, boundaries, *, out_int32=False, right=False):
     return _searchsorted(boundaries, jnp.asarray(x, boundaries.dtype), right=right, side=None, sorter=None)
+
+
+@lowering(aten._convert_indices_from_coo_to_csr.default)
+def coo_to_csr(rows, size: int, *, out_int32=False):
+    """A CSR row pointer from sorted COO row indices: how many of them lie below each row 0..size."""
+    rows_of = jnp.arange(size + 1, dtype=rows.dtype)
+    return jnp.zeros(size + 1, jnp.int64) if rows.size == 0 else jnp.searchsorted(rows, rows_of, side="left")
+
+
+@lowering(aten._convert_indices_from_csr_to_coo.default)
+def csr_to_coo(crow, col, *, out_int32=False, transpose=False):
+    """COO indices (2, nnz) from a CSR row pointer and column indices: each entry's row."""
+    row = jnp.searchsorted(crow[1:], jnp.arange(col.shape[0], dtype=crow.dtype), side="right")
+    return jnp.stack([col, row] if transpose else [row, col])
 
 
 # -- histograms ----------------------------------------------------------------
