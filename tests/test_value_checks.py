@@ -141,6 +141,12 @@ CASES = {
         lambda d: torch._segment_reduce(torch.ones(3).to(d), "max", lengths=torch.tensor([4, -1]).to(d)),
         aten.segment_reduce.default,
     ),
+    "fake_quantize_zero_point": (  # a per-channel zero point outside [quant_min, quant_max]
+        lambda d: torch.fake_quantize_per_channel_affine(
+            _x(d), torch.ones(2).to(d), torch.tensor([0, 9], dtype=torch.int32).to(d), 1, 0, 7
+        ),
+        aten.fake_quantize_per_channel_affine_cachemask.default,
+    ),
     "searchsorted_sorter": (  # the search never visits the bad index: CPU checks them all
         lambda d: torch.searchsorted(
             torch.arange(8.0).to(d), torch.tensor([-5.0]).to(d), sorter=torch.tensor([0, 1, 2, 3, 4, 5, 6, 99]).to(d)

@@ -24,6 +24,7 @@ from lazytpu.lowering import (  # noqa: F401  (importing registers the rules)
     pointwise_ext,
     pooling,
     powers,
+    quantize,
     random,
     reduction,
     reduction_ext,

@@ -4,7 +4,8 @@ Note [Value checks]: some of CPU torch's checks read data: an index out of
 range (``x[i]``, gather/scatter, index_select/add/copy/fill, take/put,
 embedding, ``searchsorted``'s ``sorter``), an ``nll_loss``/``cross_entropy`` target out of range, negative
 or non-finite ``multinomial`` probabilities, ``bernoulli`` probabilities
-outside [0, 1], a negative ``normal`` std or ``poisson`` rate, ``_segment_reduce`` lengths,
+outside [0, 1], a negative ``normal`` std or ``poisson`` rate, ``_segment_reduce`` lengths, a per-channel
+fake quantization's integer zero points outside its range,
 ``repeat_interleave``'s repeats against its ``output_size``, an integer
 division by zero, a non-finite matrix of a decomposition (Note [Non-finite matrices]). On
 ``tpu`` the data is not on the host when the op is recorded, and reading it
@@ -451,6 +452,14 @@ def _segment_lengths(data, reduce, *, lengths=None, axis=0, unsafe=False, **kwar
     if unsafe or lengths is None or not _integral(lengths):
         return []
     return [(lengths, "lengths", (_size(data, axis),), 0)]
+
+
+@checks(aten.fake_quantize_per_channel_affine_cachemask.default)
+def _zero_points(x, scale, zero_point, axis, quant_min, quant_max):
+    """An integer zero point inside ``[quant_min, quant_max]`` (CPU reads them: a floating one is not checked)."""
+    if not _integral(zero_point):
+        return []
+    return [(zero_point, "fits", (quant_min, quant_max), quant_min)]
 
 
 @checks(aten.repeat_interleave.Tensor)
