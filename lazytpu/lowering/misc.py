@@ -88,7 +88,6 @@ def _segment_reduce(data, reduce: str, lengths, offsets, axis: int, initial):
     """Reduce runs of ``data`` along ``axis`` (one run per length, or between
     consecutive offsets; batched over the dims before ``axis``). ``initial``
     joins every run; an empty run without it is torch's identity (NaN for mean)."""
-    reduce = _EXTREMES.get(reduce, reduce)
     inside, x = _runs(data, lengths, offsets, axis)
     count = jnp.sum(inside, axis=axis + 1).astype(data.dtype)
     if reduce in ("sum", "mean"):
@@ -123,12 +122,13 @@ def _segment_extreme_backward(grad, output, data, lengths, offsets, axis: int):
 
 @lowering(aten.segment_reduce.default)
 def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
-    return _segment_reduce(data, reduce, lengths, offsets, axis % data.ndim, initial)
+    return _segment_reduce(data, _EXTREMES.get(reduce, reduce), lengths, offsets, axis % data.ndim, initial)
 
 
 @lowering(aten._segment_reduce_backward.default)
 def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
-    if _EXTREMES.get(reduce, reduce) in ("max", "min"):
+    reduce = _EXTREMES.get(reduce, reduce)
+    if reduce in ("max", "min"):
         return _segment_extreme_backward(grad, output, data, lengths, offsets, axis % data.ndim)
     _, pullback = jax.vjp(lambda d: _segment_reduce(d, reduce, lengths, offsets, axis % data.ndim, initial), data)
     return pullback(grad)[0]

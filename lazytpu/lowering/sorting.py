@@ -368,14 +368,13 @@ def bucketize(x, boundaries, *, out_int32=False, right=False):
 @lowering(aten._convert_indices_from_coo_to_csr.default)
 def coo_to_csr(rows, size: int, *, out_int32=False):
     """A CSR row pointer from sorted COO row indices: how many of them lie below each row 0..size."""
-    rows_of = jnp.arange(size + 1, dtype=rows.dtype)
-    return jnp.zeros(size + 1, jnp.int64) if rows.size == 0 else jnp.searchsorted(rows, rows_of, side="left")
+    return _searchsorted(rows, jnp.arange(size + 1, dtype=rows.dtype), right=False, side=None, sorter=None)
 
 
 @lowering(aten._convert_indices_from_csr_to_coo.default)
 def csr_to_coo(crow, col, *, out_int32=False, transpose=False):
     """COO indices (2, nnz) from a CSR row pointer and column indices: each entry's row."""
-    row = jnp.searchsorted(crow[1:], jnp.arange(col.shape[0], dtype=crow.dtype), side="right")
+    row = _searchsorted(crow[1:], jnp.arange(col.shape[0], dtype=crow.dtype), right=True, side=None, sorter=None)
     return jnp.stack([col, row] if transpose else [row, col])
 
 
