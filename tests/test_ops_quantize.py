@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from conftest import no_fallback
+from conftest import no_fallback, programs_compiled
 
 aten = torch.ops.aten
 
@@ -84,3 +84,137 @@ def test_fake_quantize_module_trains_as_on_cpu():
         (expected * torch.arange(16.0)).sum().backward()
         (actual * torch.arange(16.0).to("tpu")).sum().backward()
         assert torch.equal(actual.cpu(), expected) and torch.equal(b.grad.cpu(), a.grad)
+
+
+def _fused_observer(device, x, switches, stats, per_row, symmetric, quant_min, quant_max):
+    """``(output, mask, running_min, running_max, scale, zero_point)`` after one call on ``device``."""
+    x, *stats = (t.to(device) for t in (x, *stats))
+    on = [torch.tensor([v], device=device) for v in switches]
+    out, mask = aten._fused_moving_avg_obs_fq_helper(x, *on, *stats, 0.01, quant_min, quant_max, 0, per_row, symmetric)
+    return [t.cpu() for t in (out, mask, *stats)]
+
+
+def _ranges(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Running minima and maxima: wide, small, tiny (a scale below 6.1e-5: raised to it, the range
+    stretched), one-sided, zero, and never observed (infinities)."""
+    g = torch.Generator().manual_seed(seed)
+    pairs = torch.randn(n, 2, generator=g) * torch.tensor([10.0, 1e-4, 1e-7, 1.0]).repeat(n // 4 + 1)[:n, None]
+    pairs[n // 2 : n // 2 + n // 8, 1] = 0  # all negative
+    pairs[n // 2 + n // 8 : n // 2 + n // 4, 0] = 0  # all positive
+    pairs[-4:] = torch.tensor([[0.0, 0.0], [float("inf"), -float("inf")], [-1e-30, 1e-30], [3.0, 3.0]])
+    lo, hi = pairs.min(dim=1).values, pairs.max(dim=1).values
+    lo[-3], hi[-3] = float("inf"), -float("inf")
+    return lo, hi
+
+
+QRANGES = [(False, 0, 255), (True, -128, 127), (False, 0, 127), (True, -64, 63), (False, -8, 7)]
+
+
+@pytest.mark.parametrize("symmetric, quant_min, quant_max", QRANGES)
+def test_fused_observer_qparams_and_fake_quantization_are_cpus(symmetric, quant_min, quant_max):
+    """With the observer off, the scale and zero point chosen from the running range and the fake
+    quantization with them equal CPU's bit for bit: 4000 ranges per channel, a few per tensor; the fake
+    quantization off leaves the input and the parameters as they were (a mask of ones)."""
+    lo, hi = _ranges(4000, 0)
+    x = torch.randn(4000, 3, generator=torch.Generator().manual_seed(1)) * hi.abs().clamp(max=1e3)[:, None]
+    stats = (lo, hi, torch.ones(4000), torch.zeros(4000, dtype=torch.int32))
+    qrange = (symmetric, quant_min, quant_max)
+    for switches in [(0, 1), (0, 0)]:
+        expected = _fused_observer("cpu", x, switches, stats, True, *qrange)
+        with no_fallback():
+            actual = _fused_observer("tpu", x, switches, stats, True, *qrange)
+        for e, a in zip(expected, actual, strict=True):
+            assert e.dtype == a.dtype and torch.equal(e, a)
+    for i in [0, 1, 2, 2100, 2700, 3996, 3997, 3998, 3999]:  # per tensor, 0-d statistics (as the observer's)
+        stats = (lo[i].clone(), hi[i].clone(), torch.ones(1), torch.zeros(1, dtype=torch.int32))
+        expected = _fused_observer("cpu", x, (0, 1), stats, False, *qrange)
+        with no_fallback():
+            actual = _fused_observer("tpu", x, (0, 1), stats, False, *qrange)
+        for e, a in zip(expected, actual, strict=True):
+            assert e.dtype == a.dtype and torch.equal(e, a), (i, e, a)
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_fused_observer_statistics_are_cpus(per_row):
+    """Observing: the first input's range taken as it is (empty per-channel statistics resized to one per
+    channel, as CPU resizes them), later ones averaged in; off, the statistics stay. The average
+    ``r + c * (x - r)`` is one fused multiply-add in XLA (as in CUDA's kernel), CPU rounds the product
+    first: within an ulp of CPU's."""
+    g = torch.Generator().manual_seed(2)
+    inputs = [torch.randn(5, 3, 4, generator=g) * 4 for _ in range(4)]
+    inf = torch.tensor(float("inf"))
+    cpu = [torch.empty(0), torch.empty(0)] if per_row else [inf, -inf]
+    cpu += [torch.ones(1), torch.zeros(1, dtype=torch.int32)]
+    tpu = [t.to("tpu") for t in cpu]
+    for i, (x, observe) in enumerate(zip(inputs, [1, 1, 0, 1], strict=True)):
+        expected = _fused_observer("cpu", x, (observe, 1), cpu, per_row, False, 0, 255)
+        with no_fallback():
+            actual = _fused_observer("tpu", x, (observe, 1), tpu, per_row, False, 0, 255)
+        for e, a in zip(expected[2:4], actual[2:4], strict=True):
+            assert e.shape == a.shape == ((5,) if per_row else ())
+            if i == 0:
+                assert torch.equal(e, a)
+            torch.testing.assert_close(a, e, rtol=1.2e-7, atol=0)
+        cpu, tpu = expected[2:], [t.to("tpu") for t in actual[2:]]
+
+
+def test_fused_observer_switches_do_not_recompile():
+    """The switches are read inside the program: turning the observer off compiles nothing new."""
+    fq = torch.ao.quantization.FusedMovingAvgObsFakeQuantize().to("tpu")
+    x = torch.randn(4, 8).to("tpu")
+    fq(x).cpu()
+    fq(x).cpu()
+    fq.disable_observer()
+    compiled, out = programs_compiled(lambda: fq(x).cpu())
+    assert compiled == 0
+
+
+@pytest.mark.parametrize(
+    "dtype, ch_axis, per_row",
+    [(torch.bfloat16, 0, False), (torch.float32, 2, False), (torch.float32, 1, True), (torch.float64, 0, True)],
+)
+def test_fused_observer_raises_cpus_errors(dtype, ch_axis, per_row):
+    """CPU's checks run at the call, without a CPU fallback: a bfloat16 or float64 input, a channel axis
+    past the input's dims, per-channel statistics along another axis than the first."""
+    x = torch.randn(4, 6, dtype=dtype)
+    first = torch.empty(0) if per_row else torch.tensor(float("inf"))
+    stats = [first, -first, torch.ones(1), torch.zeros(1, dtype=torch.int32)]
+    on = torch.ones(1, dtype=torch.long)
+    with pytest.raises(RuntimeError) as cpu:
+        aten._fused_moving_avg_obs_fq_helper(x, on, on, *stats, 0.01, 0, 255, ch_axis, per_row)
+    tpu = [t.to("tpu") for t in (x, on, *stats)]
+    with no_fallback(), pytest.raises(RuntimeError) as raised:
+        aten._fused_moving_avg_obs_fq_helper(tpu[0], tpu[1], tpu[1], *tpu[2:], 0.01, 0, 255, ch_axis, per_row)
+    assert str(raised.value) == str(cpu.value)
+
+
+def test_qat_x86_default_trains_as_on_cpu():
+    """``get_default_qat_qconfig("x86")`` (fused observers, per-channel weights): no CPU fallback, CPU's
+    losses and observer state."""
+
+    def train(device):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10)
+        )
+        model.qconfig = torch.ao.quantization.get_default_qat_qconfig("x86")
+        model = torch.ao.quantization.prepare_qat(model.train()).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(3)).to(device)
+        losses = []
+        for _ in range(3):
+            loss = model(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses, {k: v.cpu() for k, v in model.state_dict().items()}
+
+    expected_losses, expected = train("cpu")
+    with no_fallback():
+        losses, actual = train("tpu")
+    assert losses == pytest.approx(expected_losses, rel=1e-5)
+    assert expected.keys() == actual.keys()
+    for k, e in expected.items():
+        assert e.dtype == actual[k].dtype and e.shape == actual[k].shape, k
+        torch.testing.assert_close(actual[k], e, rtol=1e-5, atol=1e-6, msg=k)

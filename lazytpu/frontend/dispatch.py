@@ -63,7 +63,7 @@ from lazytpu.frontend.routes.fallback import DATA_DEPENDENT, cpu_fallback
 from lazytpu.frontend.routes.foreach import run_foreach  # noqa: F401  (also the compile backend's decomposition)
 from lazytpu.frontend.routes.inplace import inplace_runner, run_out
 from lazytpu.frontend.routes.views import run_inplace_view, run_view
-from lazytpu.frontend.schema import functional_of, is_inplace, out_args, view_kind
+from lazytpu.frontend.schema import functional_of, out_args, view_kind, writes_arguments
 from lazytpu.frontend.tensor import LazyTensor
 from lazytpu.lowering import get_rule
 
@@ -213,10 +213,10 @@ def _after_views(func) -> Route:
 
 
 def _after_foreach(func) -> Route:
-    if is_inplace(func) or out_args(func):
+    if writes_arguments(func) or out_args(func):
         functional = functional_of(func)
         if functional is not None and resolves(functional):
-            if is_inplace(func):
+            if writes_arguments(func):
                 return Route("inplace", inplace_runner(func, functional, route), None, functional)
             return Route("out", lambda f, a, k: run_out(f, functional, a, k), None, functional)
     last = _last(func)

@@ -20,10 +20,10 @@ import torch
 from torch._prims_common import make_contiguous_strides_for
 
 from lazytpu import _caches, _dtypes
+from lazytpu.frontend import fake_quant
 from lazytpu.frontend.checks.probe import run_on
 from lazytpu.frontend.tensor import LazyTensor
 from lazytpu.ir import Scalar
-from lazytpu.lowering.quantize import FAKE_QUANTIZE
 
 aten = torch.ops.aten
 
@@ -418,6 +418,7 @@ FIXES = {
     aten._ctc_loss.Tensor: _nonempty_log_probs(aten._ctc_loss.Tensor),
     aten.multi_margin_loss.default: _multi_margin_loss,
     aten.repeat_interleave.Tensor: _repeat_interleave,
+    **fake_quant.FIXES,
     aten.multilabel_margin_loss_forward.default: _multilabel_margin_loss,
     # its meta kernel wants ``high`` on CPU (a meta tensor is not); the overload without a generator's does not
     aten.randint_like.Tensor_generator: lambda x, high, generator=None, **kwargs: aten.randint_like.Tensor(
@@ -474,22 +475,6 @@ def _masked_softmax(x, mask, dim=None, mask_type=None):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-def _fake_quantize(func):
-    """No meta kernels (Note [Fake quantization] in lazytpu.lowering.quantize): the call runs once on CPU
-    zeros of its shapes (zero points at ``quant_min``: a value check reads them), so its errors are CPU's."""
-
-    def meta(x, *args):
-        fills = [args[-2] if i == 1 else 1 for i in range(len(args))]
-        func(torch.zeros(x.shape, dtype=x.dtype), *map(_full, args, fills))
-        return torch.empty_like(x), torch.empty_like(x, dtype=torch.bool)
-
-    return meta
-
-
-def _full(like, value):
-    return torch.full(like.shape, value, dtype=like.dtype) if isinstance(like, torch.Tensor) else like
-
-
 SHAPES = {
     aten._masked_softmax.default: _masked_softmax,
     aten._masked_softmax_backward.default: _like_first,
@@ -520,7 +505,7 @@ SHAPES = {
     aten._histogramdd_from_bin_cts.default: _histogramdd_counts,
     aten._histogramdd_from_bin_tensors.default: _histogramdd_tensors,
     **{op: _fused_optimizer(op) for op in _FUSED_OPTIMIZERS},
-    **{op: _fake_quantize(op) for op in FAKE_QUANTIZE},
+    **fake_quant.SHAPES,
 }
 
 

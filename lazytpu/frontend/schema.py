@@ -34,6 +34,12 @@ def is_inplace(func) -> bool:
     return bool(args) and args[0].alias_info is not None and args[0].alias_info.is_write and not args[0].kwarg_only
 
 
+def writes_arguments(func) -> bool:
+    """Whether ``func`` writes some of its positional arguments in place (its first, or
+    others: the running statistics of ``_fused_moving_avg_obs_fq_helper``)."""
+    return any(a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only for a in func._schema.arguments)
+
+
 def out_args(func) -> list[str]:
     """The names of ``func``'s ``out=`` arguments."""
     return [
@@ -42,7 +48,10 @@ def out_args(func) -> list[str]:
 
 
 # In-place ops whose functional form has another name.
-_FUNCTIONAL_NAMED = {aten.normal_.default: aten.normal_functional.default}
+_FUNCTIONAL_NAMED = {
+    aten.normal_.default: aten.normal_functional.default,
+    aten._fused_moving_avg_obs_fq_helper.default: aten._fused_moving_avg_obs_fq_helper_functional.default,
+}
 
 
 # Options a functional form may lack; not ``generator``: the functional form of

@@ -15,8 +15,10 @@ is in float32 (float64 for a float64 input), as CPU's kernel computes it.
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 import torch
 
+from lazytpu.lowering.elementwise import divide_exactly
 from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
@@ -65,3 +67,91 @@ def fake_quantize_per_channel(x, scale, zero_point, axis, quant_min, quant_max):
     shape = [1] * x.ndim
     shape[axis % x.ndim] = -1
     return _fake_quantize(x, scale.reshape(shape), zero_point.reshape(shape), quant_min, quant_max, per_channel=True)
+
+
+# Note [Fused observer]: ``_fused_moving_avg_obs_fq_helper`` (what
+# ``FusedMovingAvgObsFakeQuantize`` calls; QAT's x86 default for weights and
+# activations) reads its two switches with ``item()``, a host read per call on
+# CPU. Here both branches are computed and chosen by the switches inside the
+# program. Observing: the input's minimum and maximum (per row of the input
+# with its channel axis first, or of the whole), averaged into the running
+# ones in float32 as CPU's loop does (``r + c * (x - r)``; an infinite running
+# value, the start, takes the input's); XLA computes the average as one fused
+# multiply-add, as CUDA's kernel does, so a running value may be an ulp from
+# CPU's (docs/limitations.md, rounding inside a fused program). Fake
+# quantizing, from the same running range, is CPU's bit for bit (its
+# divisions exact: Note [Exact quotients]): scale and zero point
+# from the running range, fbgemm's ``ChooseQuantizationParams`` step by step
+# (float32 where it computes in float, double where in double: the symmetric
+# range, the range widened to hold 0, a zero or too-large reciprocal scale
+# replaced by 0.1, a scale below 6.1e-5 raised to it with the range
+# stretched, the zero point from the end that adds the smaller error, nudged
+# into ``[quant_min, quant_max]`` and rounded half to even), then the fake
+# quantization of Note [Fake quantization] with them.
+
+
+def _choose_qparams(lo, hi, quant_min: int, quant_max: int, symmetric: bool):
+    f32, f64 = jnp.float32, jnp.float64
+    lo, hi = lo.astype(f32), hi.astype(f32)
+    span = quant_max - quant_min
+    if symmetric:
+        low, high = -(span // 2 + 1), span // 2
+        widest = jnp.maximum(jnp.abs(divide_exactly(lo, f32(low))), jnp.abs(divide_exactly(hi, f32(high)))).astype(f64)
+        both = (lo < 0) & (hi > 0)
+        lo = jnp.where(both, (widest * low).astype(f32), lo)
+        hi = jnp.where(both, (widest * high).astype(f32), hi)
+    lo, hi = jnp.minimum(lo, f32(0)), jnp.maximum(hi, f32(0))
+    scale = divide_exactly(hi.astype(f64) - lo.astype(f64), f64(span))
+    narrow = scale.astype(f32)
+    scale = jnp.where((narrow == 0) | jnp.isinf(divide_exactly(f32(1), narrow)), 0.1, scale)
+    small = np.float32(6.1e-5)
+    stretch = divide_exactly(small, scale.astype(f32))
+    tiny = scale < float(small)
+    lo_tiny = jnp.where(lo == 0, lo, jnp.where(hi == 0, -(small * np.float32(span)), lo * stretch))
+    hi_tiny = jnp.where(lo == 0, small * np.float32(span), jnp.where(hi == 0, hi, hi * stretch))
+    lo, hi = jnp.where(tiny, lo_tiny, lo), jnp.where(tiny, hi_tiny, hi)
+    scale = jnp.where(tiny, float(small), scale)
+    lo_steps, hi_steps = (divide_exactly(t.astype(f64), scale) for t in (lo, hi))
+    from_min = abs(quant_min) - jnp.abs(lo_steps) < abs(quant_max) - jnp.abs(hi_steps)
+    zero_point = jnp.where(from_min, quant_min - lo_steps, quant_max - hi_steps)
+    if symmetric:
+        zero_point = jnp.where((lo < 0) & (hi > 0), (quant_min + quant_max) / 2, zero_point)
+    zero_point = jnp.round(jnp.clip(zero_point, quant_min, quant_max))
+    return scale.astype(f32), zero_point
+
+
+def _switch(flag):
+    """``flag.item().toInt() != 0``."""
+    return flag.reshape(()).astype(jnp.int64) != 0
+
+
+@lowering(aten._fused_moving_avg_obs_fq_helper_functional.default)
+def fused_observer_fake_quantize(
+    x, observer_on, fake_quant_on, running_min, running_max, scale, zero_point, averaging_const, quant_min, quant_max,
+    ch_axis, per_row_fake_quant=False, symmetric_quant=False,
+):  # fmt: skip
+    """``(output, mask, running_min, running_max, scale, zero_point)`` (Note [Fused observer])."""
+    if per_row_fake_quant:  # CPU checked ch_axis == 0
+        rows = x.reshape(x.shape[0], -1)
+        seen_min, seen_max = rows.min(axis=1), rows.max(axis=1)
+        if running_min.size == 0:  # resized to one per channel, from infinities (scale and zero point: from zeros)
+            running_min, running_max = jnp.full_like(seen_min, jnp.inf), jnp.full_like(seen_max, -jnp.inf)
+            scale, zero_point = (jnp.resize(t, seen_min.shape) if t.size else jnp.zeros(seen_min.shape, t.dtype)
+                                 for t in (scale, zero_point))  # fmt: skip
+    else:
+        seen_min, seen_max = x.min().reshape(running_min.shape), x.max().reshape(running_max.shape)
+    c = jnp.asarray(averaging_const, jnp.float32)
+    observe = _switch(observer_on)
+    running_min, running_max = (
+        jnp.where(observe & ~jnp.isinf(r), r + c * (seen - r), jnp.where(observe, seen, r))
+        for r, seen in ((running_min, seen_min), (running_max, seen_max))
+    )
+    new_scale, new_zero_point = _choose_qparams(running_min, running_max, quant_min, quant_max, symmetric_quant)
+    on = _switch(fake_quant_on)
+    scale = jnp.where(on, new_scale.astype(scale.dtype), scale)
+    zero_point = jnp.where(on, new_zero_point.astype(zero_point.dtype), zero_point)
+    if per_row_fake_quant:
+        out, mask = fake_quantize_per_channel(x, scale, zero_point, ch_axis, quant_min, quant_max)
+    else:
+        out, mask = _fake_quantize(x, scale.reshape(()), zero_point.reshape(()).astype(jnp.int64), quant_min, quant_max)
+    return jnp.where(on, out, x), mask | ~on, running_min, running_max, scale, zero_point

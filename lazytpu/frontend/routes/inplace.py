@@ -99,12 +99,15 @@ def _written_several(func) -> tuple[str, ...]:
 
     Note [Several written arguments]: an in-place op that writes a list or
     several arguments (GradScaler's ``_amp_foreach_non_finite_check_and_unscale_``
-    and ``_amp_update_scale_``) has a functional form returning the new value
-    of each written argument, in schema order (torchgen's functional
-    variants); each is written into its argument. torch's checks of these ops
-    live in their CPU kernels (dtypes, one-element tensors): they run once per
-    call signature on stand-ins of one element or none (Note [CPU probes]),
-    so a model's gradients are not copied for them."""
+    and ``_amp_update_scale_``, QAT's ``_fused_moving_avg_obs_fq_helper``) has
+    a functional form returning the op's own results, then the new value of
+    each written argument, in schema order (torchgen's functional variants);
+    each is written into its argument, resized first where the kernel resizes
+    it (an empty per-channel statistic becomes one per channel). torch's
+    checks of these ops live in their CPU kernels (dtypes, one-element
+    tensors): they run once per call signature on stand-ins of ones, at most
+    two elements along each dimension (Note [CPU probes]), so a model's
+    gradients are not copied for them."""
     written = [a for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     if len(written) == 1 and not isinstance(written[0].type, torch.ListType):
         return ()
@@ -112,7 +115,9 @@ def _written_several(func) -> tuple[str, ...]:
 
 
 def _small_stand_in(v):
-    return torch.zeros(v.shape if v.numel() <= 1 else (0,), dtype=v.dtype)
+    """Ones (a switch read with ``item()`` is on: the checks behind it run), at most two along each
+    dimension (a tensor of several elements still has several: a one-element check sees it)."""
+    return torch.ones([min(n, 2) for n in v.shape], dtype=v.dtype)
 
 
 def _run_inplace_several(func, functional, args, kwargs, written: tuple[str, ...]):
@@ -128,13 +133,17 @@ def _run_inplace_several(func, functional, args, kwargs, written: tuple[str, ...
     results = _call_functional(func, functional, args, kwargs)
     if len(written) == 1:  # one written list: the functional form returns one list
         results = (results,)
-    for name, result in zip(written, results):
+    own = sum(r.alias_info is None for r in func._schema.returns)  # results that are not written arguments
+    for name, result in zip(written, results[own:]):
         targets = call[name]
         listed = isinstance(targets, (list, tuple))
         for dst, src in zip(targets, result) if listed else ((targets, result),):
             if type(dst) is not LazyTensor:
                 raise RuntimeError(f"{func}: expected {name} to be on tpu, but found it on {dst.device}")
+            resize_to(dst, src.shape, warn=False)
             write(dst, src)
+    if own:
+        return tuple(results[:own])
     return args[0] if func._schema.returns else None
 
 

@@ -1,0 +1,61 @@
+"""Quantization-aware training's fake-quantization ops while recording: their
+output metas (lazytpu.lowering.quantize computes them).
+
+torch has no meta kernel for the fake quantizations: each call signature runs
+the op once on CPU tensors of its shapes, so that what CPU raises is raised at
+the call. The fused observer (``_fused_moving_avg_obs_fq_helper``, what
+``FusedMovingAvgObsFakeQuantize``, the x86 QAT default, calls) resizes empty
+per-channel statistics (a ``MovingAveragePerChannelMinMaxObserver`` starts
+with none) to one per channel, where the meta kernel of its functional form
+keeps them empty; its CPU errors come from the probe of its written arguments
+(Note [Several written arguments] in lazytpu.frontend.routes.inplace).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lazytpu.lowering.quantize import FAKE_QUANTIZE
+
+aten = torch.ops.aten
+
+
+def _full(like, value):
+    return torch.full(like.shape, value, dtype=like.dtype) if isinstance(like, torch.Tensor) else like
+
+
+def _fake_quantize(func):
+    """The call on CPU zeros of its shapes (zero points at ``quant_min``: a value check reads them)."""
+
+    def meta(x, *args):
+        fills = [args[-2] if i == 1 else 1 for i in range(len(args))]
+        func(torch.zeros(x.shape, dtype=x.dtype), *map(_full, args, fills))
+        return torch.empty_like(x), torch.empty_like(x, dtype=torch.bool)
+
+    return meta
+
+
+def _fused_observer(
+    x, observer_on, fake_quant_on, running_min, running_max, scale, zero_point, averaging_const, quant_min, quant_max,
+    ch_axis, per_row_fake_quant=False, symmetric_quant=False,
+):  # fmt: skip
+    """torch's meta kernel (its check of ``ch_axis``), with CPU's shapes of the new statistics."""
+    out = aten._fused_moving_avg_obs_fq_helper_functional.default(
+        x, observer_on, fake_quant_on, running_min, running_max, scale, zero_point, averaging_const,
+        quant_min, quant_max, ch_axis, per_row_fake_quant, symmetric_quant,
+    )  # fmt: skip
+    if not per_row_fake_quant:
+        return out
+    channels = x.shape[ch_axis]
+    if running_min.numel() == 0:
+        return (*out[:2], *(t.new_empty(channels) for t in out[2:]))
+    if running_min.numel() != channels:
+        raise RuntimeError(  # CPU's kernel writes past the statistics' end
+            f"fused_moving_avg_obs_fake_quant: running_min has {running_min.numel()} elements; expected none or "
+            f"one per channel ({channels} along dim {ch_axis})"
+        )
+    return out
+
+
+SHAPES = {op: _fake_quantize(op) for op in FAKE_QUANTIZE}  # Note [Missing meta kernels] in metas
+FIXES = {aten._fused_moving_avg_obs_fq_helper_functional.default: _fused_observer}  # Note [Meta shape fixes]
