@@ -220,6 +220,16 @@ def test_copies_between_host_and_device_do_not_share_memory():
     assert on_device.sum().item() == 0.0 and (on_device + 2).sum().item() == 2 * 64 * 64
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool])
+def test_a_tensor_copied_to_the_device_stays_resizable(dtype):
+    """The CPU tensor a ``.to("tpu")`` read is the user's as it was: resizable afterwards (QAT's per-channel
+    observer statistics are resized in place; reading it through ``numpy()`` had frozen its size)."""
+    host = torch.ones(3, dtype=dtype)
+    on_device = host.to("tpu")
+    host.resize_(5)
+    assert host.shape == (5,) and torch.equal(on_device.cpu(), torch.ones(3, dtype=dtype))
+
+
 def test_has_same_storage_numel_reads_metadata_only():
     """``_has_same_storage_numel`` (torch's C++ asks it, e.g. in bicubic
     upsampling) compares storage sizes as CPU does, without the CPU fallback."""

@@ -64,7 +64,9 @@ def data_from_cpu(t: torch.Tensor, index: int = 0) -> Data:
     if t.dtype is torch.complex32:  # stored widened (Note [complex32 storage])
         t = t.to(torch.complex64)
     bits = _BITS.get(t.dtype)
-    array = t.view(bits[0]).numpy().view(bits[1]) if bits else t.numpy()
+    # read through DLPack: ``numpy()`` would mark the CPU tensor's storage as not resizable (for good: a
+    # later ``x.resize_()`` of the user's tensor failed); from_host copies before anything can resize it
+    array = np.from_dlpack(t.view(bits[0])).view(bits[1]) if bits else np.from_dlpack(t)
     return Data(runtime.from_host(array, index), Aval(tuple(t.shape), t.dtype))
 
 
