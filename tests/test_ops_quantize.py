@@ -218,3 +218,39 @@ def test_qat_x86_default_trains_as_on_cpu():
     for k, e in expected.items():
         assert e.dtype == actual[k].dtype and e.shape == actual[k].shape, k
         torch.testing.assert_close(actual[k], e, rtol=1e-5, atol=1e-6, msg=k)
+
+
+def _learnable(per_channel: bool, grad_factor: float):
+    def run(x, scale, zero_point):
+        leaves = [t.clone().requires_grad_() for t in (x, scale, zero_point)]
+        if per_channel:
+            out = torch._fake_quantize_learnable_per_channel_affine(*leaves, 1, -8, 15, grad_factor)
+        else:
+            out = torch._fake_quantize_learnable_per_tensor_affine(*leaves, 0, 255, grad_factor)
+        weights = torch.linspace(-2, 3, out.numel(), device=out.device).reshape(out.shape)
+        (out * weights).sum().backward()
+        return out, *(t.grad for t in leaves)
+
+    return run
+
+
+@pytest.mark.parametrize("grad_factor", [1.0, 0.37])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_learnable_fake_quantize_is_cpus(per_channel, grad_factor):
+    """LSQ's fake quantization (Note [Learnable fake quantization]): the output and the input's gradient
+    are CPU's bit for bit (ties, both ends, zero points between integers); the scale's and zero point's
+    gradients are CPU's sums, summed in XLA's order."""
+    x = X[:1600].reshape(400, 4)
+    if per_channel:
+        scale, zero_point = torch.tensor([0.1, 0.25, 0.037, 1 / 3]), torch.tensor([0.5, 3.0, -2.5, 4.7])
+    else:
+        scale, zero_point = torch.tensor([0.1]), torch.tensor([3.5])
+    run = _learnable(per_channel, grad_factor)
+    expected = run(x, scale, zero_point)
+    with no_fallback():
+        actual = [t.cpu() for t in run(x.to("tpu"), scale.to("tpu"), zero_point.to("tpu"))]
+    for e, a in zip(expected[:2], actual[:2], strict=True):
+        assert e.dtype == a.dtype and torch.equal(e, a)
+    for e, a in zip(expected[2:], actual[2:], strict=True):
+        assert e.shape == a.shape
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-4)

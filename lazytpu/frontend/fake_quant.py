@@ -25,12 +25,15 @@ def _full(like, value):
 
 
 def _fake_quantize(func):
-    """The call on CPU zeros of its shapes (zero points at ``quant_min``: a value check reads them)."""
+    """The call on CPU tensors of its shapes: scales of ones, zero points at ``quant_min`` (a value check
+    reads them), the rest zeros; the outputs shaped as CPU's."""
+    names = [a.name for a in func._schema.arguments]
 
-    def meta(x, *args):
-        fills = [args[-2] if i == 1 else 1 for i in range(len(args))]
-        func(torch.zeros(x.shape, dtype=x.dtype), *map(_full, args, fills))
-        return torch.empty_like(x), torch.empty_like(x, dtype=torch.bool)
+    def meta(*args, **kwargs):
+        call = dict(zip(names, args), **kwargs)
+        fills = {"scale": 1, "zero_point": call["quant_min"], "fake_quant_enabled": 1}
+        cpu = func(**{name: _full(v, fills.get(name, 0)) for name, v in call.items()})
+        return torch.utils._pytree.tree_map(lambda t: torch.empty_like(t, device="meta"), cpu)
 
     return meta
 

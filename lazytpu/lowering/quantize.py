@@ -23,10 +23,14 @@ from lazytpu.lowering.registry import lowering
 
 aten = torch.ops.aten
 
-FAKE_QUANTIZE = (  # the ops below (lazytpu.frontend.metas gives them their shapes and CPU's errors)
+FAKE_QUANTIZE = (  # the ops below (lazytpu.frontend.fake_quant gives them their shapes and CPU's errors)
     aten.fake_quantize_per_tensor_affine_cachemask.default,
     aten._fake_quantize_per_tensor_affine_cachemask_tensor_qparams.default,
     aten.fake_quantize_per_channel_affine_cachemask.default,
+    aten._fake_quantize_learnable_per_tensor_affine.default,
+    aten._fake_quantize_learnable_per_tensor_affine_backward.default,
+    aten._fake_quantize_learnable_per_channel_affine.default,
+    aten._fake_quantize_learnable_per_channel_affine_backward.default,
 )
 
 
@@ -155,3 +159,84 @@ def fused_observer_fake_quantize(
     else:
         out, mask = _fake_quantize(x, scale.reshape(()), zero_point.reshape(()).astype(jnp.int64), quant_min, quant_max)
     return jnp.where(on, out, x), mask | ~on, running_min, running_max, scale, zero_point
+
+
+# Note [Learnable fake quantization]: ``_LearnableFakeQuantize`` (LSQ) learns
+# its scale and zero point. Forward, CPU's kernels fake quantize with the zero
+# point rounded half to even and clamped (per tensor: the first elements of
+# the scale and zero point). Backward, per element and in float32, as CPU's
+# ``fake_quantize_learnable_*_grad_kernel``: the input rounded as
+# ``nearbyint(z + x * (1 / scale))`` with the backward's zero point (per
+# tensor ``trunc(clamp(z + 0.5))``, per channel rounded half to even), the
+# input's gradient passed inside ``[quant_min, quant_max]``; outside, the
+# scale's gradient is ``dy * (quant_min - z)`` (or ``quant_max - z``) and the
+# zero point's ``-dy * scale``, both times ``grad_factor``; inside, the
+# scale's is ``dy * (fake quantized x - x) / scale * grad_factor`` and the
+# zero point's 0. The two are summed over all elements (per tensor) or all
+# but the channel axis; the sums' order is XLA's. XLA computes
+# ``z + x * (1 / scale)`` as one fused multiply-add where CPU rounds the
+# product first (docs/limitations.md): a product within an ulp of a rounding
+# tie may round the other way.
+
+
+def _learnable_grads(dy, x, scale, zero_point, quant_min: int, quant_max: int, grad_factor):
+    f32 = jnp.float32
+    dy, x, scale, zero_point = (t.astype(f32) for t in (dy, x, scale, zero_point))
+    grad_factor = jnp.asarray(grad_factor, f32)
+    inv_scale = divide_exactly(f32(1), scale)
+    q = jnp.round(zero_point + x * inv_scale)
+    below, above = q < quant_min, q > quant_max
+    outside = below | above
+    fake = (jnp.clip(q, quant_min, quant_max) - zero_point) * scale
+    d_scale = jnp.where(
+        outside,
+        jnp.where(below, dy * (quant_min - zero_point), dy * (quant_max - zero_point)) * grad_factor,
+        dy * (fake - x) * inv_scale * grad_factor,
+    )
+    d_zero_point = jnp.where(outside, -dy * scale * grad_factor, f32(0))
+    return dy * (~outside).astype(f32), d_scale, d_zero_point  # times 0 outside: a NaN or inf stays NaN
+
+
+def _first(t):
+    return t.reshape(-1)[0]
+
+
+@lowering(aten._fake_quantize_learnable_per_tensor_affine.default)
+def learnable_per_tensor(x, scale, zero_point, quant_min, quant_max, grad_factor=1.0):
+    """Note [Learnable fake quantization]."""
+    zp = jnp.clip(jnp.round(_first(zero_point).astype(jnp.float32)), quant_min, quant_max).astype(jnp.int64)
+    return _fake_quantize(x, _first(scale), zp, quant_min, quant_max)[0]
+
+
+@lowering(aten._fake_quantize_learnable_per_tensor_affine_backward.default)
+def learnable_per_tensor_backward(dy, x, scale, zero_point, quant_min, quant_max, grad_factor=1.0):
+    """``(dx, dscale, dzero_point)`` (Note [Learnable fake quantization])."""
+    if x.size == 0:
+        return x, scale, zero_point
+    zp = jnp.trunc(jnp.clip(_first(zero_point).astype(jnp.float32) + 0.5, quant_min, quant_max))
+    dx, d_scale, d_zero_point = _learnable_grads(dy, x, _first(scale), zp, quant_min, quant_max, grad_factor)
+    return dx, d_scale.sum().reshape(1), d_zero_point.sum().reshape(1)
+
+
+def _rounded_zero_points(zero_point, quant_min, quant_max):
+    return jnp.clip(jnp.round(zero_point), quant_min, quant_max)
+
+
+@lowering(aten._fake_quantize_learnable_per_channel_affine.default)
+def learnable_per_channel(x, scale, zero_point, axis, quant_min, quant_max, grad_factor=1.0):
+    """Note [Learnable fake quantization]."""
+    zp = _rounded_zero_points(zero_point, quant_min, quant_max).astype(jnp.int32)
+    return fake_quantize_per_channel(x, scale, zp, axis, quant_min, quant_max)[0]
+
+
+@lowering(aten._fake_quantize_learnable_per_channel_affine_backward.default)
+def learnable_per_channel_backward(dy, x, scale, zero_point, axis, quant_min, quant_max, grad_factor=1.0):
+    """``(dx, dscale, dzero_point)`` (Note [Learnable fake quantization])."""
+    if x.size == 0:
+        return x, scale, zero_point
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    zp = _rounded_zero_points(zero_point, quant_min, quant_max).reshape(shape)
+    dx, d_scale, d_zero_point = _learnable_grads(dy, x, scale.reshape(shape), zp, quant_min, quant_max, grad_factor)
+    others = tuple(d for d in range(x.ndim) if d != axis)
+    return dx, d_scale.sum(axis=others), d_zero_point.sum(axis=others)
