@@ -230,6 +230,18 @@ def test_a_tensor_copied_to_the_device_stays_resizable(dtype):
     assert host.shape == (5,) and torch.equal(on_device.cpu(), torch.ones(3, dtype=dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.complex64])
+def test_a_tensor_read_back_is_resizable(dtype):
+    """``.cpu()`` gives a CPU tensor like any other: it can grow (``resize_``, an ``out=`` that must grow)."""
+    back = torch.ones(3, dtype=dtype).to("tpu").cpu()
+    back.resize_(4)
+    assert back.shape == (4,)
+    part, out = (torch.ones(2, dtype=dtype).to("tpu") * 2).cpu(), torch.zeros(2, dtype=dtype).to("tpu").cpu()
+    with pytest.warns(UserWarning, match="was resized"):
+        torch.cat([part, part], out=out)
+    assert torch.equal(out, torch.full((4,), 2, dtype=dtype))
+
+
 def test_has_same_storage_numel_reads_metadata_only():
     """``_has_same_storage_numel`` (torch's C++ asks it, e.g. in bicubic
     upsampling) compares storage sizes as CPU does, without the CPU fallback."""

@@ -105,9 +105,17 @@ def _host_base(t, reason: str) -> torch.Tensor:
     dtype = t.dtype if view_dtype(t) is None else storage.value.aval.dtype  # Note [Dtype views]
     bits = _BITS.get(dtype)
     if bits:
-        return torch.from_numpy(np.array(array, copy=True).view(_dtypes.to_jax(bits[0]))).view(dtype)
-    base = torch.from_numpy(np.array(array, copy=True))
+        return _host_copy(array.view(_dtypes.to_jax(bits[0])), bits[0]).view(dtype)
+    base = _host_copy(array, _dtypes.to_torch(array.dtype))
     return base.to(dtype) if base.dtype != dtype else base  # complex32 (Note [complex32 storage])
+
+
+def _host_copy(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A copy of ``array`` in memory torch allocated: resizable, as any CPU tensor's (``from_numpy``'s never
+    is: ``t.cpu().resize_()`` and an ``out=`` of it that must grow raised), written through DLPack."""
+    out = torch.empty(array.shape, dtype=dtype)
+    np.copyto(np.from_dlpack(out), array)
+    return out
 
 
 def _host_memory(t, base: torch.Tensor) -> torch.Tensor:
