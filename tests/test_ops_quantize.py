@@ -254,3 +254,23 @@ def test_learnable_fake_quantize_is_cpus(per_channel, grad_factor):
     for e, a in zip(expected[2:], actual[2:], strict=True):
         assert e.shape == a.shape
         torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("switches", [(0, 1), (0, 0), (1, 1)])
+def test_fused_observer_checks_behind_its_switches(switches):
+    """CPU checks the input's dtype only while observing: a float16 input with the observer off is fake
+    quantized as on CPU; with it on, CPU's error."""
+    x = torch.randn(4, 6).half()
+    stats = [torch.tensor(-2.0), torch.tensor(3.0), torch.ones(1), torch.zeros(1, dtype=torch.int32)]
+    if switches[0]:
+        with pytest.raises(RuntimeError) as cpu:
+            _fused_observer("cpu", x, switches, stats, False, False, 0, 255)
+        with pytest.raises(RuntimeError) as raised:
+            _fused_observer("tpu", x, switches, stats, False, False, 0, 255)
+        assert str(raised.value) == str(cpu.value)
+        return
+    expected = _fused_observer("cpu", x, switches, stats, False, False, 0, 255)
+    with no_fallback():
+        actual = _fused_observer("tpu", x, switches, stats, False, False, 0, 255)
+    for e, a in zip(expected, actual, strict=True):
+        assert e.dtype == a.dtype and torch.equal(e, a)

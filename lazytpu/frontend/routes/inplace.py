@@ -9,6 +9,7 @@ import torch
 
 from lazytpu import _caches
 from lazytpu._dtypes import type_name
+from lazytpu.frontend import hostio
 from lazytpu.frontend.checks.overlap import check_overlap
 from lazytpu.frontend.checks.probe import cpu_error, cpu_probe, split
 from lazytpu.frontend.generator import own_generator
@@ -120,15 +121,33 @@ def _small_stand_in(v):
     return torch.ones([min(n, 2) for n in v.shape], dtype=v.dtype)
 
 
+def _switches_read(v):
+    """``_small_stand_in``, but a one-element tensor's own value (a host read)."""
+    return hostio.to_cpu(v) if type(v) is LazyTensor and v.numel() == 1 else _small_stand_in(v)
+
+
+def _probe_error(func, args, kwargs, stand_in):
+    error = cpu_error(func, *split(args, kwargs), stand_in=stand_in)
+    return None if error is None or error[1].startswith("Could not run") else error  # not a missing CPU kernel
+
+
+def _check_several(func, args, kwargs) -> None:
+    """torch's checks (Note [Several written arguments]). A check that fails with the switches on may
+    sit behind a switch that is off (the fused observer's dtype checks while observing): then the
+    switches are read, and the call probed with them, at each call."""
+    key, _ = plan_key(func, args, kwargs)
+    if key in _INPLACE_CHECKED:
+        return
+    check_with_meta(func, args, kwargs)
+    if _probe_error(func, args, kwargs, _small_stand_in) is None:
+        _INPLACE_CHECKED.add(key)
+    elif (error := _probe_error(func, args, kwargs, _switches_read)) is not None:
+        raise error[0](error[1])
+
+
 def _run_inplace_several(func, functional, args, kwargs, written: tuple[str, ...]):
     """Note [Several written arguments]."""
-    key, _ = plan_key(func, args, kwargs)
-    if key not in _INPLACE_CHECKED:
-        check_with_meta(func, args, kwargs)
-        error = cpu_error(func, *split(args, kwargs), stand_in=_small_stand_in)
-        if error is not None and not error[1].startswith("Could not run"):  # not a missing CPU kernel
-            raise error[0](error[1])
-        _INPLACE_CHECKED.add(key)
+    _check_several(func, args, kwargs)
     call = dict(zip((a.name for a in func._schema.arguments), args), **kwargs)
     results = _call_functional(func, functional, args, kwargs)
     if len(written) == 1:  # one written list: the functional form returns one list
