@@ -57,11 +57,29 @@ def test_per_channel_fake_quantize_is_cpus(dtype, zero_point_dtype, axis):
     """A floating zero point is added before the rounding, an integer one after."""
     x = X[:1600].to(dtype).reshape(400, 4)
     x = x if axis == 1 else x.t().contiguous()
-    zero_points = torch.tensor([0, 3, -2, 5]).to(zero_point_dtype) + (0.5 if zero_point_dtype.is_floating_point else 0)
+    zero_points = torch.tensor([0, 3, -2, 5]).to(zero_point_dtype) + (0.53 if zero_point_dtype.is_floating_point else 0)
     scales = torch.tensor([0.1, 0.25, 0.037, 1 / 3])
     _same(
         lambda v, s, z: aten.fake_quantize_per_channel_affine_cachemask(v, s, z, axis, -8, 15), x, scales, zero_points
     )
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_fake_quantize_keeps_a_channels_last_layout(per_channel):
+    """The output and mask are laid out as CPU's: like a channels-last input."""
+    x = X[:72].reshape(2, 4, 3, 3).to(memory_format=torch.channels_last)
+    scales, zero_points = torch.tensor([0.1, 0.25, 0.037, 1 / 3]), torch.tensor([0, 3, -2, 5], dtype=torch.int32)
+
+    def fq(v, s, z):
+        if per_channel:
+            return aten.fake_quantize_per_channel_affine_cachemask(v, s, z, 1, -8, 15)
+        return aten.fake_quantize_per_tensor_affine_cachemask(v, 0.1, 3, 0, 255)
+
+    expected = fq(x, scales, zero_points)
+    with no_fallback():
+        actual = fq(x.to("tpu"), scales.to("tpu"), zero_points.to("tpu"))
+    for e, a in zip(expected, actual, strict=True):
+        assert a.stride() == e.stride() and torch.equal(a.cpu(), e)
 
 
 def test_fake_quantize_module_trains_as_on_cpu():

@@ -21,7 +21,10 @@ aten = torch.ops.aten
 
 
 def _full(like, value):
-    return torch.full(like.shape, value, dtype=like.dtype) if isinstance(like, torch.Tensor) else like
+    """A CPU tensor of ``like``'s layout (the outputs follow a channels-last input's) holding ``value``."""
+    if not isinstance(like, torch.Tensor):
+        return like
+    return torch.empty_strided(like.shape, like.stride(), dtype=like.dtype).fill_(value)
 
 
 def _fake_quantize(func):

@@ -45,9 +45,10 @@ def _fake_quantize(x, scale, zero_point, quant_min: int, quant_max: int, *, per_
     else:
         q = zero_point + jnp.round(product)
     mask = (q >= quant_min) & (q <= quant_max)
-    # per tensor, ``(q - zero_point) * scale`` is a float32 product (int64 times float); per channel, a double one
-    out_type = wide if per_channel else jnp.float32
-    out = (jnp.clip(q, quant_min, quant_max) - zero_point).astype(out_type) * scale.astype(out_type)
+    # per tensor, ``(q - zero_point) * scale`` is a float32 product (int64 times float); per channel, fmin and
+    # fmax make q a double: the difference (with a floating zero point) and the product are double ones
+    out_type = jnp.float64 if per_channel else jnp.float32
+    out = (jnp.clip(q, quant_min, quant_max).astype(out_type) - zero_point.astype(out_type)) * scale.astype(out_type)
     return out.astype(x.dtype), mask
 
 
