@@ -292,3 +292,38 @@ def test_fused_observer_checks_behind_its_switches(switches):
         actual = _fused_observer("tpu", x, switches, stats, False, False, 0, 255)
     for e, a in zip(expected, actual, strict=True):
         assert e.dtype == a.dtype and torch.equal(e, a)
+
+
+SPECIAL = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e30, -1e30, 0.0, 1.0, -1.0]).repeat(4, 1).t()
+ON = torch.ones(1, dtype=torch.long)
+NON_FINITE_CASES = {
+    "per tensor": lambda x, s, z, zf: aten.fake_quantize_per_tensor_affine_cachemask(x, 0.1, 3, 0, 255),
+    "tensor qparams": lambda x, s, z, zf: aten._fake_quantize_per_tensor_affine_cachemask_tensor_qparams(
+        x, s[:1], z[:1], ON.to(x.device), 0, 255
+    ),
+    "per channel": lambda x, s, z, zf: aten.fake_quantize_per_channel_affine_cachemask(x, s, z, 1, 0, 255),
+    "per channel, float zero points": lambda x, s, z, zf: aten.fake_quantize_per_channel_affine_cachemask(
+        x, s, zf, 1, 0, 255
+    ),
+    "learnable per tensor": lambda x, s, z, zf: aten._fake_quantize_learnable_per_tensor_affine_backward(
+        torch.ones_like(x), x, s[:1], zf[:1], 0, 255, 1.0
+    ),
+    "learnable per channel": lambda x, s, z, zf: aten._fake_quantize_learnable_per_channel_affine_backward(
+        torch.ones_like(x), x, s, zf, 1, 0, 255, 1.0
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(NON_FINITE_CASES))
+def test_fake_quantize_of_non_finite_inputs_is_cpus(case):
+    """NaN, infinities and values past int64's range quantize as on CPU: per tensor CPU clamps before its
+    integer cast (NaN to quant_min), per channel (and in LSQ's backward) it casts first, as x86 converts
+    (NaN, infinities and huge values to INT64_MIN, then quant_min); the masks and gradients follow."""
+    fn = NON_FINITE_CASES[case]
+    scales, zero_points = torch.tensor([0.1, 0.2, 0.3, 0.4]), torch.tensor([1, 2, 3, 4], dtype=torch.int32)
+    args = (SPECIAL, scales, zero_points, zero_points.float() + 0.25)
+    expected = fn(*args)
+    with no_fallback():
+        actual = fn(*(t.to("tpu") for t in args))
+    for e, a in zip(expected, actual, strict=True):
+        assert e.dtype == a.dtype and torch.equal(e.nan_to_num(7.0), a.cpu().nan_to_num(7.0)), (e, a)

@@ -9,7 +9,12 @@ to even (``nearbyint``), the zero point added after the rounding (a floating
 per-channel zero point is added before it, and the sum rounded: ``lrintf``),
 the mask of the results inside ``[quant_min, quant_max]``, then the clamped
 result less the zero point, times the scale. The product with the reciprocal
-is in float32 (float64 for a float64 input), as CPU's kernel computes it.
+is in float32 (float64 for a float64 input), as CPU's kernel computes it; the
+output's product is a float32 one per tensor, a double one per channel. What
+is not a number quantizes as on CPU: per tensor CPU clamps before converting
+to an integer (``fmax`` takes a NaN to ``quant_min``), per channel it converts
+first, and x86 converts a NaN, an infinity or a value past int64 to INT64_MIN
+(then clamped to ``quant_min``; outside the mask).
 """
 
 from __future__ import annotations
@@ -34,6 +39,12 @@ FAKE_QUANTIZE = (  # the ops below (lazytpu.frontend.fake_quant gives them their
 )
 
 
+def _x86_int64(v):
+    """``static_cast<int64_t>`` (or ``lrint``) of a whole float as on x86: a NaN, an infinity or a value past
+    int64's range becomes INT64_MIN (the conversion's "integer indefinite" value)."""
+    return jnp.where(jnp.abs(v) < 2.0**63, v, -(2.0**63))
+
+
 def _fake_quantize(x, scale, zero_point, quant_min: int, quant_max: int, *, per_channel: bool = False):
     wide = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
     scale = jnp.asarray(scale, jnp.float32)
@@ -44,7 +55,10 @@ def _fake_quantize(x, scale, zero_point, quant_min: int, quant_max: int, *, per_
         q = jnp.round((zero_point + product).astype(jnp.float32)).astype(wide)
     else:
         q = zero_point + jnp.round(product)
+    if per_channel:  # cast to an integer before the clamp: a NaN or an infinity becomes INT64_MIN, then quant_min
+        q = _x86_int64(q)
     mask = (q >= quant_min) & (q <= quant_max)
+    q = jnp.where(jnp.isnan(q), quant_min, q)  # per tensor, clamped by fmax and fmin before the cast: NaN to quant_min
     # per tensor, ``(q - zero_point) * scale`` is a float32 product (int64 times float); per channel, fmin and
     # fmax make q a double: the difference (with a floating zero point) and the product are double ones
     out_type = jnp.float64 if per_channel else jnp.float32
@@ -185,7 +199,7 @@ def _learnable_grads(dy, x, scale, zero_point, quant_min: int, quant_max: int, g
     dy, x, scale, zero_point = (t.astype(f32) for t in (dy, x, scale, zero_point))
     grad_factor = jnp.asarray(grad_factor, f32)
     inv_scale = divide_exactly(f32(1), scale)
-    q = jnp.round(zero_point + x * inv_scale)
+    q = _x86_int64(jnp.round(zero_point + x * inv_scale))
     below, above = q < quant_min, q > quant_max
     outside = below | above
     fake = (jnp.clip(q, quant_min, quant_max) - zero_point) * scale
