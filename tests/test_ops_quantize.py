@@ -114,12 +114,14 @@ def _fused_observer(device, x, switches, stats, per_row, symmetric, quant_min, q
 
 def _ranges(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Running minima and maxima: wide, small, tiny (a scale below 6.1e-5: raised to it, the range
-    stretched), one-sided, zero, and never observed (infinities)."""
+    stretched), one-sided, zero, never observed (infinities), and [-1, 1] (its zero point lies halfway:
+    CPU takes it from the end that adds the smaller error, ``|qmin| + |min / scale|`` against the max's)."""
     g = torch.Generator().manual_seed(seed)
     pairs = torch.randn(n, 2, generator=g) * torch.tensor([10.0, 1e-4, 1e-7, 1.0]).repeat(n // 4 + 1)[:n, None]
     pairs[n // 2 : n // 2 + n // 8, 1] = 0  # all negative
     pairs[n // 2 + n // 8 : n // 2 + n // 4, 0] = 0  # all positive
-    pairs[-4:] = torch.tensor([[0.0, 0.0], [float("inf"), -float("inf")], [-1e-30, 1e-30], [3.0, 3.0]])
+    pairs[-25:-5] = torch.rand(20, 1, generator=g) * torch.tensor([-4.0, 4.0])  # [-c, c]: halfway zero points
+    pairs[-5:] = torch.tensor([[-1.0, 1.0], [0.0, 0.0], [float("inf"), -float("inf")], [-1e-30, 1e-30], [3.0, 3.0]])
     lo, hi = pairs.min(dim=1).values, pairs.max(dim=1).values
     lo[-3], hi[-3] = float("inf"), -float("inf")
     return lo, hi
@@ -143,7 +145,7 @@ def test_fused_observer_qparams_and_fake_quantization_are_cpus(symmetric, quant_
             actual = _fused_observer("tpu", x, switches, stats, True, *qrange)
         for e, a in zip(expected, actual, strict=True):
             assert e.dtype == a.dtype and torch.equal(e, a)
-    for i in [0, 1, 2, 2100, 2700, 3996, 3997, 3998, 3999]:  # per tensor, 0-d statistics (as the observer's)
+    for i in [0, 1, 2, 2100, 2700, 3995, 3996, 3997, 3998, 3999]:  # per tensor, 0-d statistics (as the observer's)
         stats = (lo[i].clone(), hi[i].clone(), torch.ones(1), torch.zeros(1, dtype=torch.int32))
         expected = _fused_observer("cpu", x, (0, 1), stats, False, *qrange)
         with no_fallback():
@@ -327,3 +329,21 @@ def test_fake_quantize_of_non_finite_inputs_is_cpus(case):
         actual = fn(*(t.to("tpu") for t in args))
     for e, a in zip(expected, actual, strict=True):
         assert e.dtype == a.dtype and torch.equal(e.nan_to_num(7.0), a.cpu().nan_to_num(7.0)), (e, a)
+
+
+def test_fused_observer_per_channel_along_another_axis_with_the_observer_off():
+    """Not observing, CPU fake quantizes per channel along any axis (observing, only along the first)."""
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(4))
+    stats = (torch.full((5,), -1.0), torch.full((5,), 1.5), torch.ones(5), torch.zeros(5, dtype=torch.int32))
+
+    def call(device):
+        on = [torch.tensor([v], device=device) for v in (0, 1)]
+        st = [t.to(device) for t in stats]
+        out, mask = aten._fused_moving_avg_obs_fq_helper(x.to(device), *on, *st, 0.01, 0, 255, 1, True, False)
+        return [t.cpu() for t in (out, mask, *st)]
+
+    expected = call("cpu")
+    with no_fallback():
+        actual = call("tpu")
+    for e, a in zip(expected, actual, strict=True):
+        assert e.dtype == a.dtype and torch.equal(e, a)

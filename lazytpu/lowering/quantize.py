@@ -98,14 +98,14 @@ def fake_quantize_per_channel(x, scale, zero_point, axis, quant_min, quant_max):
 # value, the start, takes the input's); XLA computes the average as one fused
 # multiply-add, as CUDA's kernel does, so a running value may be an ulp from
 # CPU's (docs/limitations.md, rounding inside a fused program). Fake
-# quantizing, from the same running range, is CPU's bit for bit (its
-# divisions exact: Note [Exact quotients]): scale and zero point
-# from the running range, fbgemm's ``ChooseQuantizationParams`` step by step
-# (float32 where it computes in float, double where in double: the symmetric
+# quantizing, from the same running range, is CPU's bit for bit (its divisions
+# exact: Note [Exact quotients]): scale and zero point from the running range,
+# fbgemm's ``ChooseQuantizationParams`` step by step (float32 where it
+# computes in float, the scale included, double where in double: the symmetric
 # range, the range widened to hold 0, a zero or too-large reciprocal scale
-# replaced by 0.1, a scale below 6.1e-5 raised to it with the range
-# stretched, the zero point from the end that adds the smaller error, nudged
-# into ``[quant_min, quant_max]`` and rounded half to even), then the fake
+# replaced by 0.1, a scale below 6.1e-5 raised to it with the range stretched,
+# the zero point from the end that adds the smaller error, nudged into
+# ``[quant_min, quant_max]`` and rounded half to even), then the fake
 # quantization of Note [Fake quantization] with them.
 
 
@@ -120,23 +120,22 @@ def _choose_qparams(lo, hi, quant_min: int, quant_max: int, symmetric: bool):
         lo = jnp.where(both, (widest * low).astype(f32), lo)
         hi = jnp.where(both, (widest * high).astype(f32), hi)
     lo, hi = jnp.minimum(lo, f32(0)), jnp.maximum(hi, f32(0))
-    scale = divide_exactly(hi.astype(f64) - lo.astype(f64), f64(span))
-    narrow = scale.astype(f32)
-    scale = jnp.where((narrow == 0) | jnp.isinf(divide_exactly(f32(1), narrow)), 0.1, scale)
+    scale = divide_exactly(hi.astype(f64) - lo.astype(f64), f64(span)).astype(f32)  # fbgemm's is a float
+    scale = jnp.where((scale == 0) | jnp.isinf(divide_exactly(f32(1), scale)), f32(0.1), scale)
     small = np.float32(6.1e-5)
-    stretch = divide_exactly(small, scale.astype(f32))
-    tiny = scale < float(small)
+    stretch = divide_exactly(small, scale)
+    tiny = scale < small
     lo_tiny = jnp.where(lo == 0, lo, jnp.where(hi == 0, -(small * np.float32(span)), lo * stretch))
     hi_tiny = jnp.where(lo == 0, small * np.float32(span), jnp.where(hi == 0, hi, hi * stretch))
     lo, hi = jnp.where(tiny, lo_tiny, lo), jnp.where(tiny, hi_tiny, hi)
-    scale = jnp.where(tiny, float(small), scale)
-    lo_steps, hi_steps = (divide_exactly(t.astype(f64), scale) for t in (lo, hi))
-    from_min = abs(quant_min) - jnp.abs(lo_steps) < abs(quant_max) - jnp.abs(hi_steps)
+    scale = jnp.where(tiny, small, scale)
+    lo_steps, hi_steps = (divide_exactly(t.astype(f64), scale.astype(f64)) for t in (lo, hi))
+    from_min = abs(quant_min) + jnp.abs(lo_steps) < abs(quant_max) + jnp.abs(hi_steps)
     zero_point = jnp.where(from_min, quant_min - lo_steps, quant_max - hi_steps)
     if symmetric:
         zero_point = jnp.where((lo < 0) & (hi > 0), (quant_min + quant_max) / 2, zero_point)
     zero_point = jnp.round(jnp.clip(zero_point, quant_min, quant_max))
-    return scale.astype(f32), zero_point
+    return scale, zero_point
 
 
 def _switch(flag):
@@ -150,8 +149,8 @@ def fused_observer_fake_quantize(
     ch_axis, per_row_fake_quant=False, symmetric_quant=False,
 ):  # fmt: skip
     """``(output, mask, running_min, running_max, scale, zero_point)`` (Note [Fused observer])."""
-    if per_row_fake_quant:  # CPU checked ch_axis == 0
-        rows = x.reshape(x.shape[0], -1)
+    if per_row_fake_quant:  # observing checked ch_axis == 0; the statistics are per channel either way
+        rows = jnp.moveaxis(x, ch_axis, 0).reshape(x.shape[ch_axis], -1)
         seen_min, seen_max = rows.min(axis=1), rows.max(axis=1)
         if running_min.size == 0:  # resized to one per channel, from infinities (scale and zero point: from zeros)
             running_min, running_max = jnp.full_like(seen_min, jnp.inf), jnp.full_like(seen_max, -jnp.inf)
