@@ -363,7 +363,7 @@ class DeviceContext:
             self._read_value_checks(lane)
             errors, lane.check_errors = lane.check_errors, []
         if errors:
-            raise errors[0]
+            raise engine_flush.raised(errors[0])
 
     def _read_value_checks(self, lane: Lane) -> None:
         """Read the value checks the device has computed into ``check_errors``
@@ -423,7 +423,7 @@ class DeviceContext:
             if errors and quiet:
                 lane.check_errors.append(errors[0].with_traceback(None))
             elif errors:  # the first failure, once: every value it reached keeps it
-                raise errors[0].with_traceback(None)
+                raise engine_flush.raised(errors[0])
 
     def collect(self, lane: Lane, reason: str, count: bool) -> tuple[list, Callable]:
         """Step 1 of a flush of ``lane`` (Note [Flush steps]): the pending

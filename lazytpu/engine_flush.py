@@ -173,6 +173,12 @@ def without(ctx, roots: list, culprits: list, error: BaseException, runner) -> t
     return done, failed | more_failed
 
 
+def raised(error: BaseException) -> BaseException:
+    """``error``, marked as raised to the user (``rebind`` returns it no more)."""
+    error._lt_raised = True
+    return error.with_traceback(None)
+
+
 def rebind(lane, roots: list, results: dict, failures: dict) -> list:
     """Step 7: bind the storages of ``lane`` (a ``Lane``) that held ``roots``
     to their ``results``, or to their ``failures``; then hand the lane's value
@@ -183,7 +189,8 @@ def rebind(lane, roots: list, results: dict, failures: dict) -> list:
 
     Returns:
         The errors the flush raises the first of: the program failures, each
-        once, then the failed checks'.
+        once (not one already raised, which a later program carries to the
+        values that read a failed one: ``raised``), then the failed checks'.
     """
     graph = lane.graph
     checks, lane.checks = lane.checks, []
@@ -198,7 +205,7 @@ def rebind(lane, roots: list, results: dict, failures: dict) -> list:
             pending.roots, pending.settled = roots, weak
         lane.computed_checks += lane.value_checks
         lane.value_checks = []
-    errors = list(dict.fromkeys(failures.values()))
+    errors = [e for e in dict.fromkeys(failures.values()) if not getattr(e, "_lt_raised", False)]
     for check, reaching in zip(checks, guarded):
         error = check.error()
         if error is not None:

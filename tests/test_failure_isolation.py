@@ -127,3 +127,19 @@ def test_a_value_read_after_a_failure_is_still_failed_in_a_later_program(failing
     with pytest.raises(RuntimeError, match="injected"):
         (bad * 2).sum().cpu()  # an op on the failed value fails with its error
     assert good.cpu().tolist() == [1.0, 2.0, 3.0]
+
+
+def test_a_failure_is_raised_once_though_later_programs_carry_it(failing_exp):
+    """A backward recorded from a failed value (its gradient still pending after the read that raised the
+    failure) fails in a later program with the same error; that program's unrelated read does not
+    raise the failure again."""
+    x = torch.randn(4, 5).to("tpu").requires_grad_()
+    out = x.exp() * 2
+    out.backward(torch.ones_like(out))
+    with pytest.raises(RuntimeError, match="injected"):
+        out.detach().cpu()
+    y = torch.arange(3.0).to("tpu").requires_grad_()
+    (y * 3).sum().backward()
+    assert y.grad.cpu().tolist() == [3.0, 3.0, 3.0]
+    with pytest.raises(RuntimeError, match="injected"):
+        x.grad.cpu()  # the value that depends on the failure still holds it
