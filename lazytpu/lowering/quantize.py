@@ -83,9 +83,15 @@ def fake_quantize_per_tensor_qparams(x, scale, zero_point, enabled, quant_min, q
 
 @lowering(aten.fake_quantize_per_channel_affine_cachemask.default)
 def fake_quantize_per_channel(x, scale, zero_point, axis, quant_min, quant_max):
-    shape = [1] * x.ndim
-    shape[axis % x.ndim] = -1
+    shape = _channel_shape(x.ndim, axis)
     return _fake_quantize(x, scale.reshape(shape), zero_point.reshape(shape), quant_min, quant_max, per_channel=True)
+
+
+def _channel_shape(ndim: int, axis: int) -> list[int]:
+    """The shape a vector of one value per channel broadcasts to along ``axis``."""
+    shape = [1] * ndim
+    shape[axis % ndim] = -1
+    return shape
 
 
 # Note [Fused observer]: ``_fused_moving_avg_obs_fq_helper`` (what
@@ -215,10 +221,14 @@ def _first(t):
     return t.reshape(-1)[0]
 
 
+def _rounded_zero_points(zero_point, quant_min, quant_max):
+    return jnp.clip(jnp.round(zero_point), quant_min, quant_max)
+
+
 @lowering(aten._fake_quantize_learnable_per_tensor_affine.default)
 def learnable_per_tensor(x, scale, zero_point, quant_min, quant_max, grad_factor=1.0):
     """Note [Learnable fake quantization]."""
-    zp = jnp.clip(jnp.round(_first(zero_point).astype(jnp.float32)), quant_min, quant_max).astype(jnp.int64)
+    zp = _rounded_zero_points(_first(zero_point).astype(jnp.float32), quant_min, quant_max).astype(jnp.int64)
     return _fake_quantize(x, _first(scale), zp, quant_min, quant_max)[0]
 
 
@@ -230,10 +240,6 @@ def learnable_per_tensor_backward(dy, x, scale, zero_point, quant_min, quant_max
     zp = jnp.trunc(jnp.clip(_first(zero_point).astype(jnp.float32) + 0.5, quant_min, quant_max))
     dx, d_scale, d_zero_point = _learnable_grads(dy, x, _first(scale), zp, quant_min, quant_max, grad_factor)
     return dx, d_scale.sum().reshape(1), d_zero_point.sum().reshape(1)
-
-
-def _rounded_zero_points(zero_point, quant_min, quant_max):
-    return jnp.clip(jnp.round(zero_point), quant_min, quant_max)
 
 
 @lowering(aten._fake_quantize_learnable_per_channel_affine.default)
@@ -248,8 +254,7 @@ def learnable_per_channel_backward(dy, x, scale, zero_point, axis, quant_min, qu
     """``(dx, dscale, dzero_point)`` (Note [Learnable fake quantization])."""
     if x.size == 0:
         return x, scale, zero_point
-    shape = [1] * x.ndim
-    shape[axis] = -1
+    shape = _channel_shape(x.ndim, axis)
     zp = _rounded_zero_points(zero_point, quant_min, quant_max).reshape(shape)
     dx, d_scale, d_zero_point = _learnable_grads(dy, x, scale.reshape(shape), zp, quant_min, quant_max, grad_factor)
     others = tuple(d for d in range(x.ndim) if d != axis)
