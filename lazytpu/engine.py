@@ -267,11 +267,11 @@ class DeviceContext:
             if isinstance(value, Output):
                 self.flush("rng_state")
                 value = self.random.value
-            return torch.from_numpy(keys.key_bytes(value))
+            return torch.from_numpy(keys.key_bytes(value)).clone()  # resizable, as a CPU state is
 
     def set_rng_state(self, state: torch.Tensor) -> None:
         with self.lock:
-            self.random.value = keys.bytes_key(state.cpu().numpy(), self.index)
+            self.random.value = keys.bytes_key(state.cpu().clone().numpy(), self.index)  # numpy() would fix its size
 
     # -- record / flush -------------------------------------------------
     def recorded(self, node: Node, flush: bool = True, task: bool = True, lane: Lane | None = None) -> None:

@@ -189,3 +189,17 @@ def test_a_device_that_does_not_exist_is_torchs_error_at_the_call():
     ):
         with pytest.raises(RuntimeError, match=message):
             make()
+
+
+def test_rng_states_are_ordinary_cpu_tensors():
+    """A state read from tpu, and one handed to it, stays a CPU tensor like any other: it can grow (numpy()
+    had fixed their sizes)."""
+    state = torch.tpu.get_rng_state()
+    torch.tpu.set_rng_state(state)
+    g = torch.Generator(device="tpu")
+    mine = g.get_state()
+    g.set_state(mine)
+    n = state.numel()
+    for t in (state, mine, torch.tpu.get_rng_state(), g.get_state()):
+        t.resize_(n + 8)
+        assert t.numel() == n + 8

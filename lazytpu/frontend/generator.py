@@ -93,7 +93,7 @@ class TpuGenerator(torch.Generator):
             return keys.key_bytes(self._lt_key.value)
 
     def get_state(self) -> torch.Tensor:
-        return torch.from_numpy(self._host_key())
+        return torch.from_numpy(self._host_key()).clone()  # resizable, as a CPU state is
 
     def set_state(self, new_state) -> TpuGenerator:
         if not isinstance(new_state, torch.Tensor) or new_state.dtype != torch.uint8:
@@ -105,7 +105,7 @@ class TpuGenerator(torch.Generator):
             )
         ctx = engine.context(self._lt_index)
         with ctx.lock:
-            self._lt_key = Storage(keys.bytes_key(new_state.cpu().numpy(), self._lt_index), ctx.graph, (1,))
+            self._lt_key = Storage(keys.bytes_key(new_state.cpu().clone().numpy(), self._lt_index), ctx.graph, (1,))
         return self
 
     def get_offset(self) -> int:
