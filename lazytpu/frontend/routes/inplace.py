@@ -145,21 +145,21 @@ def _check_several(func, args, kwargs) -> None:
         raise error[0](error[1])
 
 
-def _run_inplace_several(func, functional, args, kwargs, written: tuple[str, ...]):
-    """Note [Several written arguments]."""
+def _run_inplace_several(func, functional, args, kwargs, written: tuple[str, ...], own: int):
+    """Note [Several written arguments]; ``own``: how many results are not written arguments."""
     _check_several(func, args, kwargs)
     call = dict(zip((a.name for a in func._schema.arguments), args), **kwargs)
     results = _call_functional(func, functional, args, kwargs)
     if len(written) == 1:  # one written list: the functional form returns one list
         results = (results,)
-    own = sum(r.alias_info is None for r in func._schema.returns)  # results that are not written arguments
     for name, result in zip(written, results[own:]):
         targets = call[name]
         listed = isinstance(targets, (list, tuple))
         for dst, src in zip(targets, result) if listed else ((targets, result),):
             if type(dst) is not LazyTensor:
                 raise RuntimeError(f"{func}: expected {name} to be on tpu, but found it on {dst.device}")
-            resize_to(dst, src.shape, warn=False)
+            if src.shape != dst.shape:  # the kernel resized it (an empty per-channel statistic)
+                resize_to(dst, src.shape, warn=False)
             write(dst, src)
     if own:
         return tuple(results[:own])
@@ -171,7 +171,8 @@ def inplace_runner(func, functional, route):
     per op (its route); ``route(op)`` is dispatch's: the route of ``functional``."""
     written = _written_several(func)
     if written:
-        return lambda f, a, k: _run_inplace_several(f, functional, a, k, written)
+        own = sum(r.alias_info is None for r in func._schema.returns)
+        return lambda f, a, k: _run_inplace_several(f, functional, a, k, written, own)
     return lambda f, a, k: run_inplace(f, functional, a, k, route)
 
 
