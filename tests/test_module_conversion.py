@@ -5,6 +5,7 @@ keep working, ``requires_grad``, ``.grad``, hooks and Python attributes survive.
 from __future__ import annotations
 
 import copy
+import io
 import weakref
 
 import pytest
@@ -194,3 +195,60 @@ def test_the_class_of_a_parameter_makes_a_parameter(args, kwargs, requires_grad)
         rebuilt = type(param)(data, *args, **kwargs)
         assert isinstance(rebuilt, nn.Parameter) and rebuilt.requires_grad is requires_grad
         assert rebuilt.device == data.device and torch.equal(rebuilt.detach().cpu(), data.cpu())
+
+
+class Marked(nn.Parameter):
+    """A library's parameter class: methods of its own."""
+
+    def kind(self) -> str:
+        return "marked"
+
+
+class Tagged(nn.Parameter):
+    """A library's parameter class that wraps its data in ``__new__`` (as bitsandbytes' do), with state."""
+
+    def __new__(cls, data=None, requires_grad=True, tag=""):
+        self = torch.Tensor._make_subclass(cls, data, requires_grad)
+        self.tag = tag
+        return self
+
+
+def _subclassed() -> Tied:
+    model = Tied()
+    model.a.weight = model.b.weight = Marked(model.a.weight.detach().clone())
+    model.a.bias = Tagged(model.a.bias.detach().clone(), tag="bias")
+    return model
+
+
+def test_parameter_subclasses_keep_their_class_on_tpu_and_back():
+    """``model.to("tpu")`` made a Parameter of a user's subclass a plain tpu Parameter (its methods,
+    ``isinstance`` and the class's state gone); ``P(t)`` of a tpu tensor too, and ``_make_subclass``
+    raised. On CUDA they keep their class."""
+    cpu_losses, cpu_params, _ = _train(_subclassed(), "cpu")
+    model = _subclassed()
+    weight, bias = model.a.weight, model.a.bias
+    tpu_losses, tpu_params, _ = _train(model, "tpu")  # its optimizer built before the move
+    assert model.a.weight is model.b.weight is weight and model.a.bias is bias
+    assert isinstance(weight, Marked) and weight.kind() == "marked" and weight.device.type == "tpu"
+    assert isinstance(bias, Tagged) and bias.tag == "bias" and bias.requires_grad
+    torch.testing.assert_close(tpu_losses, cpu_losses, **tolerance(torch.float32))
+    for key in cpu_params:
+        torch.testing.assert_close(tpu_params[key], cpu_params[key], **tolerance(torch.float32), msg=key)
+    copied = copy.deepcopy(model)
+    assert type(copied.a.weight) is type(weight) and copied.a.weight is copied.b.weight
+    assert repr(bias).startswith("Parameter containing:\nParameter(Tagged([") and "device='tpu:0'" in repr(bias)
+    model.to("cpu")
+    assert type(weight) is Marked and type(bias) is Tagged and bias.tag == "bias"
+    made = Marked(torch.ones(2, device="tpu"), requires_grad=False)
+    assert isinstance(made, Marked) and isinstance(made, nn.Parameter) and not made.requires_grad
+
+
+def test_parameter_subclasses_save_as_on_cpu():
+    """torch rebuilds a saved Parameter of a subclass as a ``Parameter`` with its attributes."""
+    model = _subclassed().to("tpu")
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert type(loaded.a.bias) is LazyTensor and isinstance(loaded.a.bias, nn.Parameter)
+    assert loaded.a.bias.tag == "bias" and torch.equal(loaded.a.bias.cpu(), model.a.bias.cpu())

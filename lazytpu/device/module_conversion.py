@@ -25,6 +25,13 @@ torch's ``__future__`` conversion flags torch's semantics apply unchanged.
 Conversions between ``tpu`` dtypes take torch's in-place path; Note [Setting
 .data] makes it rebind the value.
 
+A Parameter of a subclass (``class P(nn.Parameter)``, a library's parameter
+class with methods and attributes of its own) stays one: on tpu as ``P``'s
+twin (Note [Subclasses of tpu tensors]), which is what ``P(t)`` and
+``torch.Tensor._make_subclass(P, t)`` make of a tpu tensor ``t`` (torch's
+own ``Parameter.__new__`` marks ``t`` itself a Parameter, of no class of its
+own, and ``_make_subclass`` refuses it); back on CPU as ``P``.
+
 Note [Lazy modules on tpu]: on CUDA, ``nn.LazyLinear(3).to("cuda")`` keeps
 its parameters uninitialized, now on CUDA (``UninitializedParameter.to``
 returns one), and the first forward materializes them there. A tpu tensor is
@@ -47,7 +54,7 @@ import functools
 import torch
 from torch.nn import parameter
 
-from lazytpu.frontend.tensor import LazyTensor, user_state
+from lazytpu.frontend.tensor import LazyTensor, make_subclass, tensor_new, user_state
 
 
 def _uninitialized_on_tpu(cls, requires_grad: bool, device, dtype):
@@ -94,10 +101,26 @@ def _made_on_tpu(cls, twin):
     return __new__
 
 
+def _parameter_made_on_tpu(make):
+    """torch's ``Parameter.__new__``, giving a subclass's twin of a tpu tensor (Note [Module conversion])."""
+
+    def __new__(cls, data=None, requires_grad=True):
+        if cls is not parameter.Parameter and isinstance(data, LazyTensor):
+            return make_subclass(cls, data, requires_grad)
+        return make(cls, data, requires_grad)
+
+    return __new__
+
+
 def install() -> None:
-    """Make torch's uninitialized classes give their tpu twins for a tpu device (Note [Lazy modules on tpu])."""
+    """Make torch's parameter classes give their tpu twins for a tpu device (Note [Lazy modules on tpu],
+    Note [Module conversion]), and a subclass's constructors take tpu tensors (``_make_subclass(cls, t)``,
+    ``cls(t)``: Note [Subclasses of tpu tensors])."""
     parameter.UninitializedParameter.__new__ = _made_on_tpu(parameter.UninitializedParameter, UninitializedParameter)
     parameter.UninitializedBuffer.__new__ = _made_on_tpu(parameter.UninitializedBuffer, UninitializedBuffer)
+    parameter.Parameter.__new__ = _parameter_made_on_tpu(parameter.Parameter.__new__)
+    torch.Tensor._make_subclass = staticmethod(make_subclass)
+    torch.Tensor.__new__ = tensor_new
 
 
 def _uninitialized_as(old, new):
@@ -129,6 +152,14 @@ def _convert_uninitialized(module, fn) -> None:
                 continue
             new = _uninitialized_as(old, moved)
             table[key] = _swapped_into(old, new) if table is module._parameters else new
+
+
+def _of_class_of(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """``new`` as a Parameter of ``old``'s subclass of Parameter, if it has one (Note [Module conversion])."""
+    cls = getattr(type(old), "_lt_twin_of", type(old))
+    if cls is parameter.Parameter or not issubclass(cls, parameter.Parameter) or isinstance(new, cls):
+        return new
+    return torch.Tensor._make_subclass(cls, new, new.requires_grad)
 
 
 def _swapped_into(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -165,7 +196,7 @@ def keep_parameters(apply):
             if old is None or new is None or new is old:
                 continue
             if isinstance(old, LazyTensor) or isinstance(new, LazyTensor):
-                params[key] = _swapped_into(old, new)
+                params[key] = _swapped_into(old, _of_class_of(old, new))
         return out
 
     return _apply

@@ -390,7 +390,7 @@ class LazyTensor(torch.Tensor):
         restores a CUDA tensor's. A tensor with math bits is saved as its
         values: CPU torch keeps the bits and the sharing with its base."""
         state = user_state(self)
-        if vars(self).get("_is_param"):
+        if isinstance(self, torch.nn.Parameter):
             data = (self.detach(), self.requires_grad, OrderedDict())
             if not state:
                 return torch._utils._rebuild_parameter, data
@@ -430,8 +430,8 @@ class LazyTensor(torch.Tensor):
         return self.numpy()
 
     def __format__(self, format_spec: str) -> str:
-        """A 0-d tensor formats as its number (``f"{loss:.4f}"``), a ``Parameter`` not, as in torch."""
-        if self.dim() == 0 and not getattr(self, "_is_param", False):
+        """A 0-d tensor formats as its number (``f"{loss:.4f}"``), a ``Parameter`` or a subclass's not, as in torch."""
+        if self.dim() == 0 and type(self) is LazyTensor and not getattr(self, "_is_param", False):
             return self.detach().item().__format__(format_spec)
         return object.__format__(self, format_spec)
 
@@ -451,6 +451,8 @@ class LazyTensor(torch.Tensor):
             suffix += f", grad_fn=<{type(self.grad_fn).__name__}>"
         elif self.requires_grad:
             suffix += ", requires_grad=True"
+        if type(self) is not LazyTensor and isinstance(self, torch.nn.Parameter):
+            return f"Parameter({head}{suffix}))"  # within Parameter.__repr__'s, as torch's for a subclass
         prefix = "Parameter containing:\n" if getattr(self, "_is_param", False) else ""  # torch's Parameter's
         return prefix + head + suffix + ")"
 
@@ -466,7 +468,15 @@ class LazyTensor(torch.Tensor):
 # do on CPU, and ``LazyTensor``'s ``__torch_dispatch__``. ``as_subclass(torch.Tensor)``
 # gives a plain tpu tensor. A class with a ``__torch_dispatch__`` of its own (a
 # wrapper subclass) cannot be both, and keeps torch's error.
+# ``torch.Tensor._make_subclass(cls, t, requires_grad)``, by which a class
+# wraps a tensor in its ``__new__`` (``nn.Parameter`` for a CPU tensor, the
+# Parameter subclasses of libraries: ``class P(nn.Parameter)``), makes a
+# detached alias of the twin on tpu likewise; a twin of a Parameter subclass
+# is saved as a tpu Parameter is (torch rebuilds a ``P`` as a ``Parameter``).
+# ``cls(t)`` is ``t.as_subclass(cls)``, as on CPU.
 _AS_SUBCLASS = torch.Tensor.as_subclass
+_MAKE_SUBCLASS = torch.Tensor._make_subclass
+_TENSOR_NEW = torch._C.TensorBase.__new__
 _TWINS: dict[type, type] = {}  # a user's class: its twin (whose ``_lt_twin_of`` is that class)
 
 
@@ -481,12 +491,42 @@ def _subclass_twin(cls) -> type | None:
         return None
     twin = _TWINS.get(cls)
     if twin is None:
-        twin = type(cls.__name__, (cls, LazyTensor), {"__module__": cls.__module__, "_lt_twin_of": cls})
+        own = {"__module__": cls.__module__, "_lt_twin_of": cls}
+        if cls.__reduce_ex__ is torch.nn.Parameter.__reduce_ex__:
+            own["__reduce_ex__"] = LazyTensor.__reduce_ex__
+        twin = type(cls.__name__, (cls, LazyTensor), own)
         twin.__qualname__ = cls.__qualname__
         # set after: torch disables it in a class with a __torch_dispatch__
-        twin.__torch_function__ = classmethod(_twin_torch_function)
+        if cls.__torch_function__ is not torch._C._disabled_torch_function_impl:  # (as Parameter's is)
+            twin.__torch_function__ = classmethod(_twin_torch_function)
         _TWINS[cls] = twin
     return twin
+
+
+# Both replacements take ``*args``: torch.compile checks that a function it
+# traces in its own way has the signature of torch's, or none.
+def make_subclass(*args, **kwargs):
+    """``torch.Tensor._make_subclass(cls, data, require_grad=False)`` (Note [Subclasses of tpu tensors])."""
+    if (
+        len(args) in (2, 3)
+        and len(args) + len(kwargs) <= 3
+        and set(kwargs) <= {"require_grad"}
+        and isinstance(args[1], LazyTensor)
+    ):
+        twin = _subclass_twin(args[0])
+        if twin is not None:
+            out = torch.ops.aten.detach.default(args[1])  # as torch's: sharing its version counter
+            out.__class__ = twin
+            with torch._C.DisableTorchFunctionSubclass():  # torch's sets it under no __torch_function__
+                return out.requires_grad_(bool(args[2] if len(args) == 3 else kwargs.get("require_grad", False)))
+    return _MAKE_SUBCLASS(*args, **kwargs)
+
+
+def tensor_new(*args, **kwargs):
+    """``torch.Tensor.__new__(cls, ...)``: ``cls(t)`` (Note [Subclasses of tpu tensors])."""
+    if len(args) == 2 and not kwargs and isinstance(args[1], LazyTensor) and args[0] is not torch.Tensor:
+        return args[1].as_subclass(args[0])
+    return _TENSOR_NEW(*args, **kwargs)
 
 
 def _twin_torch_function(twin, func, types, args=(), kwargs=None):
