@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import tempfile
 
 # A private compile cache per test session (tests must not depend on what an
 # earlier run left on disk); set before lazytpu reads its flags. Each pytest-xdist
 # worker inherits the session's and takes a directory of its own in it: tests
-# count the entries on disk.
-os.environ.setdefault("LAZYTPU_CACHE_DIR", tempfile.mkdtemp(prefix="lazytpu-test-cache-"))
+# count the entries on disk. The process that made it removes it at exit.
+if "LAZYTPU_CACHE_DIR" not in os.environ:
+    os.environ["LAZYTPU_CACHE_DIR"] = tempfile.mkdtemp(prefix="lazytpu-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["LAZYTPU_CACHE_DIR"], ignore_errors=True)
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["LAZYTPU_CACHE_DIR"] = os.path.join(os.environ["LAZYTPU_CACHE_DIR"], os.environ["PYTEST_XDIST_WORKER"])
 
