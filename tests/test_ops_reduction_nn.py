@@ -493,3 +493,35 @@ def test_nll_loss_of_a_uint8_target_is_recorded_as_cpus(shape, reduction, ignore
         run_both(loss, x.requires_grad_(), target, weight, grad=True)
     with pytest.raises(RuntimeError, match="expected scalar type Long but found Byte"):
         F.nll_loss(torch.randn(2, 3, 4, device="tpu"), torch.zeros(2, 4, dtype=torch.uint8, device="tpu"))
+
+
+_DOUBLE_ACCUMULATED = {
+    "cumsum": lambda t: t.cumsum(-1),
+    "cumsum_dim0": lambda t: t.cumsum(0),
+    "cumsum_complex": lambda t: torch.complex(t, t * 0.5).cumsum(-1),
+    "cumprod": lambda t: (t.abs() + 0.5).cumprod(-1),
+    "logcumsumexp": lambda t: t.logcumsumexp(-1),
+    "var_dim": lambda t: t.var(-1),
+    "std_dim": lambda t: t.std(0, correction=0),
+    "var_mean_dim": lambda t: torch.stack(torch.var_mean(t, -1)),
+    "std_mean_all": lambda t: torch.stack(torch.std_mean(t)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_DOUBLE_ACCUMULATED))
+def test_float32_scans_and_moments_are_cpus_roundings_of_double(name):
+    """CPU accumulates these float32 kernels in double (Note [Double accumulation]): their results
+    were an ulp off CPU's on about half the elements (a cumprod's error grew with its length); with
+    float64 native on XLA:CPU they are CPU's bit for bit."""
+    fn = _DOUBLE_ACCUMULATED[name]
+    x = torch.randn(6, 500, generator=torch.Generator().manual_seed(0)) * 3 - 10
+    want, got = fn(x), fn(x.to("tpu")).cpu()
+    assert torch.equal(got, want), f"{(got != want).sum().item()} of {want.numel()} differ"
+
+
+def test_variance_of_everything_centers_on_the_float32_mean_as_cpu():
+    """CPU's var and std reducing to one element center on the float32 mean (a deviation of data far
+    from zero depends on it), then accumulate in double."""
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(1)) * 1e-3 - 100
+    for fn in (torch.var, torch.std, lambda t: t.reshape(10, 100).var(dim=(0, 1), correction=0)):
+        torch.testing.assert_close(fn(x.to("tpu")).cpu(), fn(x), rtol=2e-7, atol=0)

@@ -84,3 +84,29 @@ def convert(x, dtype):
     inside = (x >= -bound) & (x < bound)  # False for NaN
     wide = jnp.where(inside, x.astype(through), jnp.iinfo(through).min)
     return wide.astype(target)
+
+
+# Note [Double accumulation]: CPU torch accumulates some float32 kernels in
+# double (``at::acc_type<float, /*is_cuda=*/false>``): cumsum, cumprod and
+# logcumsumexp, and var and std (its Welford reduction; an all-reduce squares
+# deviations from the float32 mean in double). Their results are float32
+# roundings of double results, which XLA's float32 scans and sums miss by ulps
+# on about half the elements (a float32 cumprod's error grows as sqrt(n): 3e-5
+# relative after 1e5 factors, where CPU's is half an ulp). Where float64 is
+# native (CPU, GPU) such rules compute in float64 and round; TPUs have no
+# float64, and keep float32.
+_WIDER = {np.dtype(jnp.float32): jnp.float64, np.dtype(jnp.complex64): jnp.complex128}
+_NARROWER = {np.dtype(jnp.float64): jnp.float32, np.dtype(jnp.complex128): jnp.complex64}
+
+
+def in_double(fn, *args):
+    """``fn(*args)``, in float64 (complex128) for float32 (complex64) ``args`` where float64 is
+    native, each result rounded back (Note [Double accumulation])."""
+    if not any(np.dtype(a.dtype) in _WIDER for a in args):
+        return fn(*args)
+
+    def wide(*xs):
+        out = fn(*(x.astype(_WIDER[np.dtype(x.dtype)]) if np.dtype(x.dtype) in _WIDER else x for x in xs))
+        return jax.tree.map(lambda r: r.astype(_NARROWER.get(np.dtype(r.dtype), r.dtype)), out)
+
+    return jax.lax.platform_dependent(*args, tpu=fn, default=wide)

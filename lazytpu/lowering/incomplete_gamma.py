@@ -13,6 +13,7 @@ import jax.scipy.special as jss
 import torch
 from jax import lax
 
+from lazytpu.lowering.casts import in_double
 from lazytpu.lowering.elementwise import Kind, promote
 from lazytpu.lowering.registry import lowering
 
@@ -54,7 +55,7 @@ def _gammainc(a, x, upper: bool):
     uniform expansion (DLMF 8.12.3-8.12.4; ``a`` > 20 and ``x`` within 0.3 a
     below ``a`` = 200, within 4.5 sqrt(a) above), so does this; XLA's
     function sees (1, 1) there. Where float64 is native (not TPU), float32
-    computes in float64 and rounds."""
+    computes in float64 and rounds (``in_double``)."""
 
     def fn(a, x):
         near = ((a > 20) & (a < 200) & (jnp.abs(x - a) < 0.3 * a)) | (
@@ -64,10 +65,7 @@ def _gammainc(a, x, upper: bool):
         far = (jss.gammaincc if upper else jss.gammainc)(jnp.where(near, one, a), jnp.where(near, one, x))
         return jnp.where(near, _temme(jnp.where(near, a, 30.0), jnp.where(near, x, 30.0), upper), far)
 
-    if a.dtype != jnp.float32:
-        return fn(a, x)
-    wide = lambda a, x: fn(a.astype(jnp.float64), x.astype(jnp.float64)).astype(jnp.float32)  # noqa: E731
-    return lax.platform_dependent(a, x, tpu=fn, default=wide)
+    return in_double(fn, a, x) if a.dtype == jnp.float32 else fn(a, x)
 
 
 def _temme(a, x, upper: bool):

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import torch
 
 from lazytpu import _dtypes
-from lazytpu.lowering.casts import convert
+from lazytpu.lowering.casts import convert, in_double
 from lazytpu.lowering.elementwise import sqrt
 from lazytpu.lowering.registry import lowering
 
@@ -145,17 +145,35 @@ def min_dim(x, dim, keepdim=False):
 # -- moments -------------------------------------------------------------------
 
 
-def _var_mean(x, dim, correction, keepdim):
-    """Variance (``correction`` may be a traced scalar) and mean, in the accumulation dtype."""
+def _var_mean(x, dim, correction, keepdim, *, take_sqrt=False, centered_on_mean=True):
+    """Variance (or deviation) and mean as CPU torch computes them (Note [Double accumulation]);
+    ``correction`` may be a traced scalar. ``centered_on_mean``: var and std of float32 or float64
+    reducing to one element center on the mean in x's dtype (CPU's ``std_var_all_cpu``); var_mean
+    and std_mean do not. Complex: the parts' variances added, as torch does."""
     ax = axes(x, dim)
+    if jnp.iscomplexobj(x):
+        parts = (_var_mean(p, dim, correction, keepdim, centered_on_mean=centered_on_mean) for p in (x.real, x.imag))
+        (vr, mr), (vi, mi) = parts
+        var = vr + vi
+        return (jnp.sqrt(var) if take_sqrt else var), jax.lax.complex(mr, mi)
+    dtype = x.dtype
     x = upcast(x)
     n = count(x, ax)
-    mu = jnp.sum(x, axis=ax, keepdims=True) / n
-    centered = x - mu
-    squares = jnp.real(centered * jnp.conj(centered))
-    divisor = jnp.maximum(n - (1 if correction is None else correction), 0)
-    var = jnp.sum(squares, axis=ax, keepdims=keepdim) / divisor
-    return var, (mu if keepdim else jnp.squeeze(mu, ax))
+    to_one = (
+        centered_on_mean and dtype not in _HALF and math.prod(x.shape[i] for i in range(x.ndim) if i not in ax) == 1
+    )
+
+    def moments(v):
+        if to_one and v.dtype != dtype:  # widened: the mean rounded to x's dtype
+            mu = (jnp.sum(x, axis=ax, keepdims=True).astype(v.dtype) / n).astype(dtype).astype(v.dtype)
+        else:
+            mu = jnp.sum(v, axis=ax, keepdims=True) / n
+        centered = v - mu
+        divisor = jnp.maximum(n - (1 if correction is None else correction), 0).astype(v.dtype)
+        var = jnp.sum(centered * centered, axis=ax, keepdims=keepdim) / divisor
+        return (jnp.sqrt(var) if take_sqrt else var), (mu if keepdim else jnp.squeeze(mu, ax))
+
+    return in_double(moments, x)
 
 
 @lowering(aten.var.correction)
@@ -165,18 +183,17 @@ def var(x, dim=None, *, correction=None, keepdim=False):
 
 @lowering(aten.std.correction)
 def std(x, dim=None, *, correction=None, keepdim=False):
-    return sqrt(var(x, dim, correction=correction, keepdim=keepdim))
+    return _var_mean(x, dim, correction, keepdim, take_sqrt=True)[0]
 
 
 @lowering(aten.var_mean.correction)
 def var_mean(x, dim=None, *, correction=None, keepdim=False):
-    return _var_mean(x, dim, correction, keepdim)
+    return _var_mean(x, dim, correction, keepdim, centered_on_mean=False)
 
 
 @lowering(aten.std_mean.correction)
 def std_mean(x, dim=None, *, correction=None, keepdim=False):
-    v, mu = _var_mean(x, dim, correction, keepdim)
-    return sqrt(v), mu
+    return _var_mean(x, dim, correction, keepdim, take_sqrt=True, centered_on_mean=False)
 
 
 # -- logic ---------------------------------------------------------------------
@@ -239,14 +256,14 @@ def _scan_axis(x, dim) -> int | None:
 def cumsum(x, dim, *, dtype=None):
     axis = _scan_axis(x, dim)
     x = convert(x, acc_dtype(x, dtype))
-    return x if axis is None else jnp.cumsum(x, axis=axis)
+    return x if axis is None else in_double(lambda v: jnp.cumsum(v, axis=axis), x)  # Note [Double accumulation]
 
 
 @lowering(aten.cumprod.default)
 def cumprod(x, dim, *, dtype=None):
     axis = _scan_axis(x, dim)
     x = convert(x, acc_dtype(x, dtype))
-    return x if axis is None else jnp.cumprod(x, axis=axis)
+    return x if axis is None else in_double(lambda v: jnp.cumprod(v, axis=axis), x)
 
 
 @lowering(aten.logcumsumexp.default)
@@ -256,8 +273,8 @@ def logcumsumexp(x, dim):
     if axis is None:
         return x
     if jnp.iscomplexobj(x):
-        return _complex_logcumsumexp(x, axis)
-    return jax.lax.cumlogsumexp(x, axis=axis)
+        return in_double(lambda v: _complex_logcumsumexp(v, axis), x)
+    return in_double(lambda v: jax.lax.cumlogsumexp(v, axis=axis), x)
 
 
 def _complex_logcumsumexp(x, axis: int):
