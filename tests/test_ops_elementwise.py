@@ -502,3 +502,27 @@ def test_square_roots_divide_as_on_cpu(dtype, eager_mode):
     want["divide"] = a / exact_sqrt
     for name, value in got.items():
         assert torch.equal(value.cpu(), want[name]), name
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16))
+def test_division_by_a_number_or_a_broadcast_divisor_is_cpus_quotient(dtype, eager_mode):
+    """(Note [Exact quotients]) XLA multiplied by the reciprocal of a scalar, constant or
+    broadcast divisor: float32 quotients were an ulp off CPU's on about a third of elements
+    (``(1 - 50) / 49`` was -0.99999994, whose ``.long()`` is 0)."""
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(4, 3000, generator=gen) * 100).to(dtype)
+    row = (torch.rand(3000, generator=gen) + 0.5).to(dtype)
+    cases = {
+        "number": lambda t, r: t / 7.0,
+        "zero_dim": lambda t, r: t / torch.tensor(49.0, dtype=dtype, device=t.device),
+        "row": lambda t, r: t / r,
+        "mean": lambda t, r: t.mean(1),
+        "truncated": lambda t, r: (torch.arange(-60, 60, device=t.device) / 49).long(),
+    }
+    for name, fn in cases.items():
+        want = fn(x, row)
+        got = fn(x.to("tpu"), row.to("tpu")).cpu()
+        if name == "mean":  # the sum's order is XLA's: its quotient is exact, the sum not always CPU's
+            torch.testing.assert_close(got, want)
+        else:
+            assert torch.equal(got, want), (name, (got != want).sum().item())

@@ -83,19 +83,20 @@ def test_fake_quantize_keeps_a_channels_last_layout(per_channel):
 
 
 def test_fake_quantize_module_trains_as_on_cpu():
-    """A QAT FakeQuantize layer: its straight-through gradient is CPU's; the
-    observer's scale is one ulp off CPU's (a division by 255: Note [Exact
-    quotients]), so the module's output is compared with that scale."""
+    """A QAT FakeQuantize layer: its observer's scale is CPU's (it was an ulp off: a division by
+    255, Note [Exact quotients]), its output and straight-through gradient are CPU's."""
     fq = torch.ao.quantization.FakeQuantize(
         observer=torch.ao.quantization.MovingAverageMinMaxObserver, quant_min=0, quant_max=255
     )
     fq_tpu = copy.deepcopy(fq).to("tpu")
-    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1)) * 3
+    gen = torch.Generator().manual_seed(1)
     with no_fallback():
-        fq_tpu(x.to("tpu"))
+        for _ in range(10):
+            x = torch.randn(8, 16, generator=gen) * 3
+            fq(x)
+            fq_tpu(x.to("tpu"))
+            assert torch.equal(fq_tpu.scale.cpu(), fq.scale) and torch.equal(fq_tpu.zero_point.cpu(), fq.zero_point)
         fq_tpu.disable_observer()
-        fq.scale.copy_(fq_tpu.scale.cpu())
-        fq.zero_point.copy_(fq_tpu.zero_point.cpu())
         fq.disable_observer()
         a, b = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
         expected, actual = fq(a), fq_tpu(b)

@@ -22,6 +22,7 @@ from torch._prims_common import elementwise_dtypes
 
 from lazytpu import _dtypes
 from lazytpu.lowering import complex_math as cm
+from lazytpu.lowering.casts import in_double
 from lazytpu.lowering.complex_math import complex_or
 from lazytpu.lowering.registry import lowering
 
@@ -153,20 +154,19 @@ def div(x, y):
     x, y = promote(x, y, kind=Kind.INT_TO_FLOAT)
     if jnp.iscomplexobj(x):  # Note [Complex special values] in lowering/complex_math
         return cm.divide(x, y)
-    return x / y
+    return in_double(jnp.divide, x, y)  # Note [Exact quotients]
 
 
-# Note [Exact quotients]: XLA rewrites a division by a broadcast divisor into a
-# multiplication by its reciprocal, an ulp off the correctly rounded quotient at
-# times (21 / 7 -> 3.0000002). Rounding modes, which that ulp would turn into a
-# unit, divide by a divisor behind an optimization barrier. True division keeps
-# the rewrite, as CUDA torch's scalar kernel does (CPU divides: docs/limitations):
-# the barrier materializes the divisor at full size (AdamW's, attention's scale).
+# Note [Exact quotients]: XLA rewrites a division by a broadcast or constant
+# divisor into a multiplication by its reciprocal, an ulp off the correctly
+# rounded quotient at times (21 / 7 -> 3.0000002). Float32 true division divides
+# in float64 where it is native (``in_double``), whose rounding is CPU's quotient;
+# float64 keeps the rewrite, as does a TPU (as CUDA torch's scalar kernel). Rounding
+# modes, where an ulp becomes a unit, divide behind an optimization barrier.
 
 
 def divide_exactly(x, y):
-    shape = jnp.broadcast_shapes(x.shape, y.shape)
-    return x / lax.optimization_barrier(jnp.broadcast_to(y, shape))
+    return x / lax.optimization_barrier(jnp.broadcast_to(y, jnp.broadcast_shapes(x.shape, y.shape)))
 
 
 def _floor_divide(x, y):

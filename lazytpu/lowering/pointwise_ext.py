@@ -22,6 +22,7 @@ import torch
 from jax import lax
 
 from lazytpu.lowering import _cephes as C
+from lazytpu.lowering.casts import in_double
 from lazytpu.lowering.elementwise import Kind, promote, sqrt
 from lazytpu.lowering.registry import lowering
 
@@ -131,8 +132,8 @@ def _spherical_bessel_j0(x):
 
 def _exp(x):
     """``exp`` rounded as CPU's ``expf`` rounds (correctly, almost always): XLA's
-    float32 ``exp`` is an ulp off on many inputs, so it runs in float64."""
-    return jnp.exp(x.astype(jnp.float64)).astype(x.dtype) if x.dtype == jnp.float32 else jnp.exp(x)
+    float32 ``exp`` is an ulp off on many inputs, so it runs in float64 where that is native."""
+    return in_double(jnp.exp, x)
 
 
 def _modified_bessel_i(x, small, large):

@@ -81,7 +81,7 @@ def nansum(x, dim=None, keepdim=False, *, dtype=None):
 def mean(x, dim=None, keepdim=False, *, dtype=None):
     ax = axes(x, dim)
     total = jnp.sum(convert(x, acc_dtype(x, dtype)), axis=ax, keepdims=keepdim)
-    return total / count(x, ax)
+    return in_double(lambda t: t / count(x, ax), total)  # an exact quotient, as CPU's (Note [Exact quotients])
 
 
 @lowering(aten.prod.default)
