@@ -503,23 +503,25 @@ def _subclass_twin(cls) -> type | None:
     return twin
 
 
+def _make_subclass_arguments(cls, data, require_grad=False):
+    return cls, data, require_grad
+
+
 # Both replacements take ``*args``: torch.compile checks that a function it
 # traces in its own way has the signature of torch's, or none.
 def make_subclass(*args, **kwargs):
     """``torch.Tensor._make_subclass(cls, data, require_grad=False)`` (Note [Subclasses of tpu tensors])."""
-    if (
-        len(args) in (2, 3)
-        and len(args) + len(kwargs) <= 3
-        and set(kwargs) <= {"require_grad"}
-        and isinstance(args[1], LazyTensor)
-    ):
-        twin = _subclass_twin(args[0])
-        if twin is not None:
-            out = torch.ops.aten.detach.default(args[1])  # as torch's: sharing its version counter
-            out.__class__ = twin
-            with torch._C.DisableTorchFunctionSubclass():  # torch's sets it under no __torch_function__
-                return out.requires_grad_(bool(args[2] if len(args) == 3 else kwargs.get("require_grad", False)))
-    return _MAKE_SUBCLASS(*args, **kwargs)
+    try:
+        cls, data, require_grad = _make_subclass_arguments(*args, **kwargs)
+    except TypeError:  # torch's other arguments (and its errors)
+        return _MAKE_SUBCLASS(*args, **kwargs)
+    twin = _subclass_twin(cls) if isinstance(data, LazyTensor) else None
+    if twin is None:
+        return _MAKE_SUBCLASS(*args, **kwargs)
+    out = torch.ops.aten.detach.default(data)  # as torch's: sharing its version counter
+    out.__class__ = twin
+    with torch._C.DisableTorchFunctionSubclass():  # torch's sets it under no __torch_function__
+        return out.requires_grad_(bool(require_grad))
 
 
 def tensor_new(*args, **kwargs):

@@ -65,7 +65,7 @@ def _gammainc(a, x, upper: bool):
         far = (jss.gammaincc if upper else jss.gammainc)(jnp.where(near, one, a), jnp.where(near, one, x))
         return jnp.where(near, _temme(jnp.where(near, a, 30.0), jnp.where(near, x, 30.0), upper), far)
 
-    return in_double(fn, a, x) if a.dtype == jnp.float32 else fn(a, x)
+    return in_double(fn, a, x)
 
 
 def _temme(a, x, upper: bool):
