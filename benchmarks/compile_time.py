@@ -1,6 +1,6 @@
 """Compile time: lazytpu's first sync against ``jax.jit`` of the same computation (issue 21 item 4).
 
-    python -m benchmarks.compile_time [--ops 250,500,1000] [--llama] [--repeats 2]
+    python -m benchmarks.compile_time [--ops 250,500,1000] [--recurrence 96] [--llama] [--repeats 2]
 
 **The chain** ``y = tanh(y @ W) * 0.5 + y * 0.5 + i * 1e-3`` (6 ops a round,
 ``ops // 6`` rounds) on an 8x64 input. Three timings per size, each from a
@@ -18,6 +18,17 @@ as the process's CPU time:
   numbers as constants, as a JAX user writes it (XLA folds them in);
 - ``jax params``: the same with the numbers as program parameters (one f64
   vector), the program ``all lifted`` compiles.
+
+**The recurrence** (``--recurrence N``): torchaudio's ``lfilter`` loop (its
+Python fallback, ``_lfilter_core_generic_loop``) over N samples of a
+(2, 3, N) signal: per sample, a window of the output read, a batched product,
+the sample written back through the input's view and into the output's
+column (8 recorded ops, half of them windows at lifted offsets, Note [Box
+windows] in lazytpu.lowering.strided), against ``jax.jit`` of the same loop
+with ``x.at[...].set`` at static indices, as a JAX user writes it; also the
+time of a second call, which compiles nothing (lazytpu's program cache,
+``jax.jit``'s). 96 samples make one lazytpu program; 100 are cut in two by
+the depth cap (Note [Graph depth] in lazytpu.ir.node).
 
 **The llama step** (``--llama``; ``benchmarks.workloads``' transformers Llama
 training step with AdamW): the first step's wall time (record, compile, run,
@@ -63,6 +74,27 @@ def _jax_chain(y, w, numbers):
     for i in range(len(numbers) // 3):
         y = jnp.tanh(y @ w) * numbers[3 * i] + y * numbers[3 * i + 1] + numbers[3 * i + 2]
     return y
+
+
+def _torch_recurrence(x, a, out):
+    n_order = a.size(1)
+    a = a.unsqueeze(2)
+    for i, o0 in enumerate(x.permute(2, 0, 1)):
+        window = out[:, :, i : i + n_order]
+        o0 -= (window.transpose(0, 1) @ a)[..., 0].t()
+        out[:, :, i + n_order - 1] = o0
+    return out
+
+
+def _jax_recurrence(x, a, out):
+    n_order = a.shape[1]
+    a = a[:, :, None]
+    for i in range(x.shape[2]):
+        window = out[:, :, i : i + n_order]
+        o0 = x[:, :, i] - jnp.matmul(jnp.transpose(window, (1, 0, 2)), a)[..., 0].T
+        x = x.at[:, :, i].set(o0)
+        out = out.at[:, :, i + n_order - 1].set(o0)
+    return out
 
 
 @contextlib.contextmanager
@@ -128,6 +160,37 @@ def measure_chain(ops: int, repeats: int) -> dict:
         runs["lazytpu"].append(_lazytpu_chain_once(x, w, rounds))
         runs["lazytpu lifted"].append(_lazytpu_chain_once(x, w, rounds, lifted=True))
     return {"ops": rounds * OPS_PER_ROUND, **{k: (min(r[0] for r in v), min(r[1] for r in v)) for k, v in runs.items()}}
+
+
+def measure_recurrence(samples: int, repeats: int) -> dict:
+    """The fastest of ``repeats`` interleaved cold first calls and of the
+    second calls: {variant: (first wall s, first cpu s, second wall s)}."""
+    gen = torch.Generator().manual_seed(0)
+    x, a = torch.randn(2, 3, samples, generator=gen), torch.randn(3, 4, generator=gen) * 0.1
+    out = torch.zeros(2, 3, samples + 3)
+    expected = _torch_recurrence(x.clone(), a, out.clone())
+    runs: dict[str, list] = {"lazytpu": [], "jax": []}
+    for _ in range(repeats):
+        args = [jnp.asarray(t.numpy()) for t in (x, a, out)]
+        fn = jax.jit(lambda *a: _jax_recurrence(*a))  # a new function: a compile, not jax.jit's cache
+        clock = _Clock()
+        jax.block_until_ready(fn(*args))
+        first = clock.since()
+        clock = _Clock()
+        jax.block_until_ready(fn(*args))
+        runs["jax"].append((*first, clock.since()[0]))
+        clear_caches()
+        with _config.CACHE_DIR.override("off"):
+            times = []
+            for _ in range(2):
+                tx, ta, tout = x.to("tpu"), a.to("tpu"), out.to("tpu")
+                lazytpu.sync()
+                clock = _Clock()
+                got = _torch_recurrence(tx, ta, tout).cpu()
+                times.append(clock.since())
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+        runs["lazytpu"].append((*times[0], times[1][0]))
+    return {k: tuple(min(r[j] for r in v) for j in range(3)) for k, v in runs.items()}
 
 
 def _as_jax(program, lifted: bool):
@@ -216,6 +279,7 @@ def measure_llama(repeats: int, steps: int = 4) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", default="250,500,1000", help="chain sizes ('' for none)")
+    parser.add_argument("--recurrence", default="", help="samples of the lfilter recurrence, e.g. 96 ('' for none)")
     parser.add_argument("--llama", action="store_true", help="also the llama step's first sync")
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args(argv)
@@ -231,6 +295,15 @@ def main(argv=None) -> None:
             f" {consts[0]:>6.2f} ({consts[1]:>5.2f}) {params[0]:>6.2f} ({params[1]:>5.2f})"
             f" {lazy[0] / consts[0]:>8.2f} ({lazy[1] / consts[1]:>5.2f})"
             f" {lifted[0] / consts[0]:>8.2f} ({lifted[1] / consts[1]:>5.2f})",
+            flush=True,
+        )
+    for n in (int(v) for v in args.recurrence.split(",") if v):
+        r = measure_recurrence(n, args.repeats)
+        lazy, jx = r["lazytpu"], r["jax"]
+        print(
+            f"recurrence of {n} samples, fastest of {args.repeats}: first call wall s (cpu s), second call ms\n"
+            f"  lazytpu {lazy[0]:.2f} ({lazy[1]:.2f}), {lazy[2] * 1e3:.1f} ms; jax.jit {jx[0]:.2f} ({jx[1]:.2f}),"
+            f" {jx[2] * 1e3:.1f} ms; lazytpu/jax first {lazy[0] / jx[0]:.2f} ({lazy[1] / jx[1]:.2f})",
             flush=True,
         )
     if args.llama:

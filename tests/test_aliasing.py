@@ -357,3 +357,61 @@ def test_views_of_a_base_laid_out_with_gaps():
             x.as_strided((2,), (1,), 23)
         messages.append(str(info.value))
     assert messages[0] == messages[1]
+
+
+@pytest.fixture
+def compiled_text():
+    """The StableHLO text of each program compiled while the test runs."""
+    texts: list[str] = []
+
+    def keep(program, lowered):
+        texts.append(lowered.as_text())
+
+    lazytpu.engine.observe("compile", keep)
+    yield texts
+    lazytpu.engine._OBSERVERS["compile"].remove(keep)
+
+
+def _column_loop(d, steps=24):
+    buf = torch.zeros(2, 3, 40).to(d)
+    v = torch.ones(2, 3).to(d)
+    for i in range(1, steps):
+        v = buf[:, :, i - 1] * 0.5 + v
+        buf[:, :, i] = v
+    return buf
+
+
+def test_a_box_window_is_read_and_written_in_place(compiled_text):
+    # a column read and written in a loop is one dynamic_slice and one dynamic_update_slice of
+    # the column, not a copy of the whole buffer per write (a pad of its flat array, a slice
+    # back), which made such loops 30 times slower (Note [Box windows])
+    lazytpu.runtime.clear_caches()
+    with torch.tpu.set_eager_mode("defer"):
+        buf = _column_loop("tpu")
+        torch.testing.assert_close(buf.cpu(), _column_loop("cpu"), rtol=0, atol=0)
+    text = "\n".join(compiled_text)
+    assert "stablehlo.dynamic_update_slice" in text and "tensor<2x3x1xf32>" in text
+    assert "stablehlo.pad" not in text and "tensor<240xf32>" not in text  # no flat copy of the buffer
+
+
+def _windows_past_a_rows_end(d):
+    # a flat window of a (3, 5) base lies in one row at some offsets and across two at others:
+    # the same layout, a box at the first and not at the second (Note [Box windows])
+    base = torch.arange(15.0).reshape(3, 5).to(d)
+    flat = base.view(-1)
+    reads = [flat[k : k + 3] * 1 for k in range(12)]
+    for k in range(12):
+        flat[k : k + 3] += k
+    cols = base.t()
+    for k in range(4):
+        cols[k : k + 2, 1:] -= 1  # a transposed box
+    grid = torch.arange(60.0).reshape(3, 4, 5).to(d)
+    picks = [grid.permute(2, 0, 1)[k, 1:, :3] * 1 for k in range(5)]
+    for k in range(5):
+        grid.permute(1, 2, 0)[1:3, k] = torch.tensor([-1.0, -2.0, -3.0]).to(d)
+    return [base, flat, *reads, grid, *picks]
+
+
+@pytest.mark.parametrize("mode", ["defer", "strict"])
+def test_windows_are_boxes_only_where_they_fit(mode):
+    test_aliasing_matches_cpu(_windows_past_a_rows_end, mode)

@@ -54,7 +54,7 @@ from lazytpu.ir import Aval, Node, Output, Scalar, Storage
 from lazytpu.ir.node import RNG_AVAL, op_sig
 from lazytpu.ir.template import Slot, Template, fill, flatten
 from lazytpu.lowering import apply_op, get_rule, lowering
-from lazytpu.lowering.strided import VIEW_READ
+from lazytpu.lowering.strided import VIEW_READ, fits_box
 
 aten = torch.ops.aten
 
@@ -126,7 +126,8 @@ _HOST_SCALARS = {
 def _window_read(base, base_stride, window, dtype):
     size, stride, offset = window
     rule = get_rule(VIEW_READ).fn
-    return rule(base, base_stride=base_stride, size=size, stride=stride, offset=offset, dtype=dtype)
+    box = dtype is None and fits_box(base.shape, base_stride, size, stride, offset)  # Note [Box windows]
+    return rule(base, base_stride=base_stride, size=size, stride=stride, offset=offset, dtype=dtype, box=box)
 
 
 def _pick_node(leaf):

@@ -17,7 +17,7 @@ from lazytpu.frontend.tensor import CONJ, NEG, LazyTensor, TensorDesc, describe,
 from lazytpu.ir import Node, Output, Scalar, Storage
 from lazytpu.ir.node import op_sig
 from lazytpu.ir.template import Slot, Template
-from lazytpu.lowering.strided import VIEW_READ, VIEW_WRITE, overlaps_itself
+from lazytpu.lowering.strided import VIEW_READ, VIEW_WRITE, fits_box, overlaps_itself
 
 
 def new_tensor(value, shape, stride, dtype, index: int) -> LazyTensor:
@@ -68,6 +68,9 @@ def _window_kwargs(t: LazyTensor, offset_slot: int) -> tuple:
         kwargs = (kwargs[0], ("conj", True), *kwargs[1:])
     if bits & NEG:
         kwargs = (*kwargs[:2], ("neg", True), *kwargs[2:])
+    base = t._lt_storage.value.aval
+    if dtype is None and fits_box(base.shape, t._lt_storage.stride, d.shape, d.stride, d.offset):
+        kwargs = (kwargs[0], ("box", True), *kwargs[1:])  # Note [Box windows]
     return kwargs
 
 

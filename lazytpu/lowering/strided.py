@@ -13,6 +13,22 @@ overlapping) is taken with pad + reshape + slice + transpose, which XLA turns
 into cheap copies; any other window (overlapping ``unfold``/``as_strided``)
 is a gather with constant indices.
 
+Note [Box windows]: most windows of a dense base (no gaps) are boxes of
+its logical array: each of their dims runs along a distinct base dim with
+that dim's stride (``x[:, :, k]``, ``x[2:5]``, ``x.t()``, ``cache[:, pos]``).
+Such a window is read with one ``dynamic_slice`` of the base and written with
+one ``dynamic_update_slice``, at the digits of its offset in the base's
+strides: XLA updates the buffer in place and compiles a few instructions,
+where the flat path above copies the whole storage through a pad and a
+reshape for every write (a loop writing one column per step of a
+(8, 64, 4096) buffer ran 30 times slower, and an op chain of such writes
+compiled twice as long). Whether a window is a box depends on its offset
+(``x.view(-1)[20:24]`` of a (2, 23) base runs past a row's end), which a
+lifted offset (Note [Window offsets] in lazytpu.frontend.windows) does not
+show the program; so the recording decides it (``fits_box``) and passes
+``box=True``, part of the program's key: offsets that make boxes share a
+program, one that does not takes the flat path.
+
 Note [Dtype views]: a view with another dtype than its storage
 (``view_as_real``, ``.real``/``.imag``, ``view_as_complex``, ``view(dtype)``)
 is a window in units of its own dtype on the storage's bytes: reading it
@@ -186,6 +202,80 @@ def write_window(flat, value, size, stride, offset):
     return lax.dynamic_update_slice(padded, grid.reshape(-1), (offset,))[:n]
 
 
+@functools.lru_cache(maxsize=4096)
+def _box_dims(base_shape: tuple, base_stride: tuple, size: tuple, stride: tuple):
+    """For each dim of the window, the base dim it runs along (None for a dim
+    of size 1), when the window is a box of a dense base (Note [Box windows]);
+    else None."""
+    inner = sorted((d for d in range(len(base_shape)) if base_shape[d] > 1), key=lambda d: base_stride[d])
+    expected = 1
+    for d in inner:
+        if base_stride[d] != expected:
+            return None  # gaps, overlaps or a stride of 0 in the base
+        expected *= base_shape[d]
+    dims, used = [], set()
+    for n, s in zip(size, stride):
+        if n == 1:
+            dims.append(None)
+            continue
+        j = next((j for j in inner if base_stride[j] == s and j not in used), None)
+        if j is None or n > base_shape[j]:
+            return None
+        used.add(j)
+        dims.append(j)
+    return tuple(dims)
+
+
+def fits_box(base_shape, base_stride, size, stride, offset: int) -> bool:
+    """Whether the window ``(size, stride, offset)`` of a base is a box of it
+    (Note [Box windows]): each of its dims runs along a base dim, and at
+    ``offset`` none of them runs past the base's edge."""
+    if math.prod(size) == 0 or offset < 0 or offset + _reach(size, stride) > math.prod(base_shape):
+        return False
+    dims = _box_dims(tuple(base_shape), tuple(base_stride), tuple(size), tuple(stride))
+    if dims is None:
+        return False
+    return all(j is None or (offset // base_stride[j]) % base_shape[j] + n <= base_shape[j] for j, n in zip(dims, size))
+
+
+def _box_starts(base_shape, base_stride, offset) -> list:
+    """The box's first index along each base dim: the digits of ``offset``
+    (a non-negative number, maybe traced) in the base's strides."""
+    if isinstance(offset, int):
+        return [(offset // s) % n if n > 1 else 0 for n, s in zip(base_shape, base_stride)]
+    offset = offset.astype(np.int64)
+    return [lax.rem(lax.div(offset, np.int64(s)), np.int64(n)) if n > 1 else 0 for n, s in zip(base_shape, base_stride)]
+
+
+def _box_block(base_shape, dims, size) -> list:
+    """The box's extent along each base dim."""
+    block = [1] * len(base_shape)
+    for j, n in zip(dims, size):
+        if j is not None:
+            block[j] = n
+    return block
+
+
+def _box_read(base, base_stride, size, stride, offset):
+    dims = _box_dims(base.shape, tuple(base_stride), tuple(size), tuple(stride))
+    starts = _box_starts(base.shape, base_stride, offset)
+    x = lax.dynamic_slice(base, starts, _box_block(base.shape, dims, size), allow_negative_indices=False)
+    along = [d for d in range(len(size)) if dims[d] is not None]  # the window's dims of size > 1
+    x = x.reshape([size[d] for d in sorted(along, key=lambda d: dims[d])])
+    x = jnp.transpose(x, np.argsort(np.argsort([dims[d] for d in along])))
+    return x.reshape(size)
+
+
+def _box_write(base, value, base_stride, size, stride, offset):
+    dims = _box_dims(base.shape, tuple(base_stride), tuple(size), tuple(stride))
+    along = [d for d in range(len(size)) if dims[d] is not None]
+    value = jnp.broadcast_to(value, size).astype(base.dtype).reshape([size[d] for d in along])
+    value = jnp.transpose(value, np.argsort([dims[d] for d in along]))
+    block = value.reshape(_box_block(base.shape, dims, size))
+    starts = _box_starts(base.shape, base_stride, offset)
+    return lax.dynamic_update_slice(base, block, starts, allow_negative_indices=False)
+
+
 def reinterpret(flat, dtype):
     """The 1-D ``flat`` as a 1-D array of ``dtype`` over the same bytes (Note [Dtype views]);
     a trailing part of an element is padded with zeros. XLA bitcasts no bools:
@@ -213,8 +303,10 @@ def reinterpret(flat, dtype):
 
 
 @lowering(VIEW_READ)
-def view_read(base, *, base_stride, size, stride, offset, dtype=None, conj=False, neg=False):
+def view_read(base, *, base_stride, size, stride, offset, dtype=None, conj=False, neg=False, box=False):
     """The window's values; ``conj`` and ``neg`` are its math bits (Note [Math bits])."""
+    if box:
+        return _math_bits(_box_read(base, base_stride, size, stride, offset), conj, neg)
     flat = to_flat(base, base_stride)
     if dtype is not None:
         flat = reinterpret(flat, _dtypes.to_jax(dtype))
@@ -229,9 +321,11 @@ def _math_bits(x, conj: bool, neg: bool):
 
 
 @lowering(VIEW_WRITE)
-def view_write(base, value, *, base_stride, size, stride, offset, dtype=None, conj=False, neg=False):
-    flat = to_flat(base, base_stride)
+def view_write(base, value, *, base_stride, size, stride, offset, dtype=None, conj=False, neg=False, box=False):
     value = _math_bits(value, conj, neg)
+    if box:
+        return _box_write(base, value, base_stride, size, stride, offset)
+    flat = to_flat(base, base_stride)
     if dtype is None:
         flat = write_window(flat, value, size, stride, offset)
     else:
