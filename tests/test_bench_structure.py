@@ -225,6 +225,15 @@ def test_floor_entry_point_smoke():
     assert all(float(r[5]) > 0 and float(r[6]) > 0 for r in rows)
 
 
+def test_compile_time_recurrence_smoke():
+    """``python -m benchmarks.compile_time --recurrence N`` runs end to end; its lazytpu loop is
+    CPU torch's (checked inside)."""
+    cmd = [sys.executable, "-m", "benchmarks.compile_time", "--ops", "", "--recurrence", "6", "--repeats", "1"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "recurrence of 6 samples" in proc.stdout and "lazytpu/jax first" in proc.stdout, proc.stdout
+
+
 def test_programs_entry_point_smoke():
     """``python -m benchmarks.programs`` times the step's programs alone: the steps whose gradients the
     loop dropped have a program without them (Note [Step boundary]); the block's last step writes them."""
