@@ -235,7 +235,8 @@ def fits_box(base_shape, base_stride, size, stride, offset: int) -> bool:
     dims = _box_dims(tuple(base_shape), tuple(base_stride), tuple(size), tuple(stride))
     if dims is None:
         return False
-    return all(j is None or (offset // base_stride[j]) % base_shape[j] + n <= base_shape[j] for j, n in zip(dims, size))
+    starts = _box_starts(base_shape, base_stride, offset)
+    return all(j is None or starts[j] + n <= base_shape[j] for j, n in zip(dims, size))
 
 
 def _box_starts(base_shape, base_stride, offset) -> list:
@@ -247,33 +248,29 @@ def _box_starts(base_shape, base_stride, offset) -> list:
     return [lax.rem(lax.div(offset, np.int64(s)), np.int64(n)) if n > 1 else 0 for n, s in zip(base_shape, base_stride)]
 
 
-def _box_block(base_shape, dims, size) -> list:
-    """The box's extent along each base dim."""
-    block = [1] * len(base_shape)
-    for j, n in zip(dims, size):
-        if j is not None:
-            block[j] = n
-    return block
+def _box(base, base_stride, size, stride, offset) -> tuple:
+    """The box's first index and extent along each base dim, the window's dims of
+    size > 1 and the base dims they run along, in the window's order."""
+    dims = _box_dims(base.shape, tuple(base_stride), tuple(size), tuple(stride))
+    along = [d for d in range(len(size)) if dims[d] is not None]
+    block = [1] * base.ndim
+    for d in along:
+        block[dims[d]] = size[d]
+    return _box_starts(base.shape, base_stride, offset), block, along, [dims[d] for d in along]
 
 
 def _box_read(base, base_stride, size, stride, offset):
-    dims = _box_dims(base.shape, tuple(base_stride), tuple(size), tuple(stride))
-    starts = _box_starts(base.shape, base_stride, offset)
-    x = lax.dynamic_slice(base, starts, _box_block(base.shape, dims, size), allow_negative_indices=False)
-    along = [d for d in range(len(size)) if dims[d] is not None]  # the window's dims of size > 1
-    x = x.reshape([size[d] for d in sorted(along, key=lambda d: dims[d])])
-    x = jnp.transpose(x, np.argsort(np.argsort([dims[d] for d in along])))
-    return x.reshape(size)
+    starts, block, along, runs = _box(base, base_stride, size, stride, offset)
+    x = lax.dynamic_slice(base, starts, block, allow_negative_indices=False)
+    x = x.reshape([size[d] for _, d in sorted(zip(runs, along))])  # in the base's order
+    return jnp.transpose(x, np.argsort(np.argsort(runs))).reshape(size)
 
 
 def _box_write(base, value, base_stride, size, stride, offset):
-    dims = _box_dims(base.shape, tuple(base_stride), tuple(size), tuple(stride))
-    along = [d for d in range(len(size)) if dims[d] is not None]
+    starts, block, along, runs = _box(base, base_stride, size, stride, offset)
     value = jnp.broadcast_to(value, size).astype(base.dtype).reshape([size[d] for d in along])
-    value = jnp.transpose(value, np.argsort([dims[d] for d in along]))
-    block = value.reshape(_box_block(base.shape, dims, size))
-    starts = _box_starts(base.shape, base_stride, offset)
-    return lax.dynamic_update_slice(base, block, starts, allow_negative_indices=False)
+    block_value = jnp.transpose(value, np.argsort(runs)).reshape(block)  # in the base's order
+    return lax.dynamic_update_slice(base, block_value, starts, allow_negative_indices=False)
 
 
 def reinterpret(flat, dtype):
