@@ -24,11 +24,10 @@ def check_overlap(func, args, kwargs, written: LazyTensor) -> None:
     layout, except for a self-overlapping target, whose warnings repeat.
     """
     storage = written._lt_storage
-    leaves = tensor_leaves((args, kwargs))
-    shared = sum(t._lt_storage is storage for t in leaves) > 1  # the target itself as another argument too
-    overlapping = 0 in written.stride() and torch._debug_has_internal_overlap(written) == 1
-    if not (shared or overlapping):
+    overlapping = 0 in written._lt_desc.stride and torch._debug_has_internal_overlap(written) == 1
+    if not (overlapping or _shared(args, kwargs, storage)):
         return
+    leaves = tensor_leaves((args, kwargs))
     groups = [next(i for i, u in enumerate(leaves) if u._lt_storage is t._lt_storage) for t in leaves]
     key = (func, tuple(t._lt_desc for t in leaves), tuple(groups))
     error = _OVERLAP_CHECKS.get(key, False)
@@ -42,3 +41,16 @@ def check_overlap(func, args, kwargs, written: LazyTensor) -> None:
             _OVERLAP_CHECKS[key] = error
     if error is not None:
         raise RuntimeError(error[1])
+
+
+def _shared(args, kwargs, storage) -> bool:
+    """Whether an argument other than the target is on ``storage`` (the
+    target itself as another argument too): the common calls, a tensor and
+    numbers, are answered without collecting the leaves."""
+    uses = 0
+    for x in (*args, *kwargs.values()):
+        if type(x) is LazyTensor:
+            uses += x._lt_storage is storage
+        elif isinstance(x, (list, tuple, dict)):
+            uses += sum(t._lt_storage is storage for t in tensor_leaves(x))
+    return uses > 1
