@@ -504,11 +504,12 @@ def test_square_roots_divide_as_on_cpu(dtype, eager_mode):
         assert torch.equal(value.cpu(), want[name]), name
 
 
-@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16))
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64, torch.float16, torch.bfloat16))
 def test_division_by_a_number_or_a_broadcast_divisor_is_cpus_quotient(dtype, eager_mode):
     """(Note [Exact quotients]) XLA multiplied by the reciprocal of a scalar, constant or
     broadcast divisor: float32 quotients were an ulp off CPU's on about a third of elements
-    (``(1 - 50) / 49`` was -0.99999994, whose ``.long()`` is 0)."""
+    (``(1 - 50) / 49`` was -0.99999994, whose ``.long()`` is 0), float64's too (also by an
+    expanded divisor, and in ``addcdiv``)."""
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(4, 3000, generator=gen) * 100).to(dtype)
     row = (torch.rand(3000, generator=gen) + 0.5).to(dtype)
@@ -516,6 +517,8 @@ def test_division_by_a_number_or_a_broadcast_divisor_is_cpus_quotient(dtype, eag
         "number": lambda t, r: t / 7.0,
         "zero_dim": lambda t, r: t / torch.tensor(49.0, dtype=dtype, device=t.device),
         "row": lambda t, r: t / r,
+        "expanded": lambda t, r: t / r[:4, None].expand(4, 3000),
+        "addcdiv": lambda t, r: torch.addcdiv(t, t, r, value=0.5),
         "mean": lambda t, r: t.mean(1),
         "truncated": lambda t, r: (torch.arange(-60, 60, device=t.device) / 49).long(),
     }

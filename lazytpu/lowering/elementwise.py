@@ -154,15 +154,21 @@ def div(x, y):
     x, y = promote(x, y, kind=Kind.INT_TO_FLOAT)
     if jnp.iscomplexobj(x):  # Note [Complex special values] in lowering/complex_math
         return cm.divide(x, y)
-    return in_double(jnp.divide, x, y)  # Note [Exact quotients]
+    return true_divide(x, y)
 
 
 # Note [Exact quotients]: XLA rewrites a division by a broadcast or constant
 # divisor into a multiplication by its reciprocal, an ulp off the correctly
 # rounded quotient at times (21 / 7 -> 3.0000002). Float32 true division divides
-# in float64 where it is native (``in_double``), whose rounding is CPU's quotient;
-# float64 keeps the rewrite, as does a TPU (as CUDA torch's scalar kernel). Rounding
+# in float64 where it is native (``in_double``), whose rounding is CPU's quotient
+# (a TPU keeps the rewrite, as CUDA torch's scalar kernel does). Float64 (a third
+# of its quotients by a broadcast or expanded divisor were an ulp off) and rounding
 # modes, where an ulp becomes a unit, divide behind an optimization barrier.
+
+
+def true_divide(x, y):
+    """``x / y`` of real floats, rounded as CPU torch's quotient (Note [Exact quotients])."""
+    return divide_exactly(x, y) if x.dtype == jnp.float64 else in_double(jnp.divide, x, y)
 
 
 def divide_exactly(x, y):
@@ -230,7 +236,7 @@ def addcmul(x, t1, t2, *, value=1):
 @lowering(aten.addcdiv.default)
 def addcdiv(x, t1, t2, *, value=1):
     x, t1, t2 = promote(x, t1, t2)
-    return x + _scaled(t1, value) / t2
+    return x + (_scaled(t1, value) / t2 if jnp.iscomplexobj(x) else true_divide(_scaled(t1, value), t2))
 
 
 @lowering(aten.maximum.default)
@@ -387,29 +393,14 @@ def nan_to_num(x, nan=None, posinf=None, neginf=None):
 # -- predicates ----------------------------------------------------------------------
 
 
-@lowering(aten.isnan.default)
-def isnan(x):
-    return jnp.isnan(x)
-
-
-@lowering(aten.isinf.default)
-def isinf(x):
-    return jnp.isinf(x)
-
-
-@lowering(aten.isfinite.default)
-def isfinite(x):
-    return jnp.isfinite(x)
-
-
-@lowering(aten.isposinf.default)
-def isposinf(x):
-    return jnp.isposinf(x)
-
-
-@lowering(aten.isneginf.default)
-def isneginf(x):
-    return jnp.isneginf(x)
+for _op, _fn in {
+    aten.isnan.default: jnp.isnan,
+    aten.isinf.default: jnp.isinf,
+    aten.isfinite.default: jnp.isfinite,
+    aten.isposinf.default: jnp.isposinf,
+    aten.isneginf.default: jnp.isneginf,
+}.items():
+    lowering(_op)(_fn)
 
 
 @lowering(aten.signbit.default)
