@@ -122,6 +122,33 @@ def test_a_checkpoints_recomputation_draws_what_the_forward_drew(reentrant, sync
     torch.testing.assert_close(after.cpu(), torch.rand(8, device="tpu").cpu())
 
 
+_PASSED = {  # non-reentrant: reentrant checkpointing takes tensors requiring grad only as positional arguments
+    "list": lambda x: checkpoint(lambda xs: _dropped(xs[0]), [x], use_reentrant=False),
+    "dict": lambda x: checkpoint(lambda d: _dropped(d["x"]), {"x": x}, use_reentrant=False),
+    "keyword": lambda x: checkpoint(lambda *, t: _dropped(t), t=x, use_reentrant=False),
+}
+
+
+@pytest.mark.parametrize("passed", list(_PASSED))
+def test_the_forwards_mask_is_kept_wherever_the_input_is_passed(passed):
+    """A tpu input in a list, a dict or a keyword argument: its device's state is
+    kept as CPU's is (torch's protocol looks only at positional tensors: the
+    recomputation drew a new mask and the gradient was another mask's)."""
+    x = torch.randn(64, 32).to("tpu").requires_grad_()
+    y = _PASSED[passed](x)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), (y != 0).float().cpu() * 4)
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_without_preserve_rng_state_the_recomputation_draws_anew(reentrant):
+    """As on CPU: ``preserve_rng_state=False`` keeps no state, and the gradient is another mask's."""
+    x = torch.randn(64, 32).to("tpu").requires_grad_()
+    y = checkpoint(_dropped, x, use_reentrant=reentrant, preserve_rng_state=False)
+    y.sum().backward()
+    assert not torch.equal(x.grad.cpu(), (y != 0).float().cpu() * 4)
+
+
 def test_strict_mode_checkpointing_matches_cpu():
     with torch.tpu.set_eager_mode("strict"):
         _assert_same(_step("tpu", checkpointed=True, layers=2), _step("cpu", checkpointed=True, layers=2))

@@ -109,8 +109,11 @@ def ordered_copies(tensors: list) -> list:
 # Note [Random state] in lazytpu.ir.graph) is kept when the forward saves its
 # inputs (``save_inputs``), put back for the recomputation and restored after
 # it, with no host read and no sync: the recomputation draws what the forward
-# drew, and what follows draws as if it had not run. Always, as if
-# ``preserve_rng_state=True`` (the default). Reentrant checkpointing
+# drew, and what follows draws as if it had not run. The state of every tpu
+# device used so far is kept, as CPU's is whatever the inputs (torch's CUDA
+# protocol keeps only the devices of the positional inputs: a tensor in a list
+# or a keyword argument drew a new mask); none with ``preserve_rng_state=False``,
+# whose recomputation draws anew, as on CPU. Reentrant checkpointing
 # (``CheckpointFunction``) alike: its forward keeps the state its inputs'
 # devices had before it ran, for the ``run_function`` its backward runs again.
 # A kept state is held by a storage of its own, as a tensor's value is: a sync
@@ -130,9 +133,20 @@ def _held_states(indices) -> dict:
     return states
 
 
-def _random_states(tensors) -> dict:
-    """The random state of each device of the ``tpu`` tensors among ``tensors``."""
-    return _held_states({t._lt_storage.graph.index for t in tensors if isinstance(t, LazyTensor)})
+def _random_states() -> dict:
+    """The random state of each ``tpu`` device used so far: the inputs' devices
+    wherever they lie (a list, a dict, a keyword argument) and any other, as
+    CPU's state is kept whatever the inputs are."""
+    return _held_states(sorted(ctx.index for ctx in engine.contexts()))
+
+
+def _preserves_rng_state(recompute_fn) -> bool:
+    """``preserve_rng_state`` of a non-reentrant checkpoint, which only its
+    ``recompute_fn``'s closure holds (True where it cannot be read)."""
+    names = getattr(getattr(recompute_fn, "__code__", None), "co_freevars", ())
+    if "preserve_rng_state" not in names:
+        return True
+    return bool(recompute_fn.__closure__[names.index("preserve_rng_state")].cell_contents)
 
 
 def _set_random_states(states: dict) -> None:
@@ -163,7 +177,7 @@ def _saving_random_state(save_inputs):
     @functools.wraps(save_inputs)
     def wrapper(frame, *args):
         save_inputs(frame, *args)
-        states = _random_states(args)
+        states = _random_states() if _preserves_rng_state(frame.recompute_fn) else None
         if states:
             frame.recompute_fn = _with_forward_random_state(frame.recompute_fn, states)
 
@@ -176,7 +190,7 @@ def _reentrant_saving_random_state(forward):
 
     @functools.wraps(forward)
     def wrapper(ctx, run_function, preserve_rng_state, *args):
-        states = _random_states(args)
+        states = _random_states() if preserve_rng_state else None
         out = forward(ctx, run_function, preserve_rng_state, *args)
         if states:
             ctx.run_function = _with_forward_random_state(ctx.run_function, states)
