@@ -382,3 +382,46 @@ def test_dim_check_once_per_call_signature(monkeypatch):
     for _ in range(3):
         x.sort(dim=1, descending=True)
     assert first and len(runs) == first
+
+
+def _backward_of_in_place(activation, number):
+    def run(d):
+        x = _t(4).to(d).requires_grad_()
+        y = x * 1
+        activation(y, number, inplace=True)
+        y.sum().backward()
+
+    return run
+
+
+def _pair(x):
+    return x.reshape(2, 2)
+
+
+# A call torch's CPU kernel refuses for a number's value, after a valid call of
+# the same signature (a lifted number's value is not part of it): the check ran
+# once per signature, and the second call computed (an in-place leaky_relu's
+# backward with a negative slope gave a gradient of ones); celu's alpha 0 and
+# smooth_l1_loss's negative beta were never checked; multinomial's n_sample
+# failed at the sync, taking the ops recorded beside it.
+NUMBER_CASES = {
+    "histc_min_above_max": lambda d, v: torch.histc(_t(4).to(d), 2, *((0.0, 2.0) if v else (3.0, 1.0))),
+    "cdist_negative_p": lambda d, v: torch.cdist(_pair(_t(4).to(d)), _pair(_t(4).to(d)), 1.0 if v else -1.0),
+    "renorm_negative_maxnorm": lambda d, v: torch.renorm(_pair(_t(4).to(d)), 2, 0, 1.0 if v else -1.0),
+    "renorm_negative_p": lambda d, v: torch.renorm(_pair(_t(4).to(d)), 2.0 if v else -1.0, 0, 1.0),
+    "leaky_relu_in_place_negative_slope": lambda d, v: _backward_of_in_place(F.leaky_relu, 0.1 if v else -0.1)(d),
+    "elu_in_place_negative_alpha": lambda d, v: _backward_of_in_place(F.elu, 1.0 if v else -1.0)(d),
+    "celu_zero_alpha": lambda d, v: F.celu(_t(4).to(d), 1.0 if v else 0.0),
+    "smooth_l1_negative_beta": lambda d, v: F.smooth_l1_loss(_t(4).to(d), _t(4).to(d), beta=1.0 if v else -1.0),
+    "multinomial_too_many": lambda d, v: torch.multinomial(torch.ones(4).to(d), 2 if v else 6),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NUMBER_CASES))
+def test_a_number_is_checked_at_every_call(name, eager_mode):
+    case = NUMBER_CASES[name]
+    with mode(eager_mode):
+        case("tpu", True)
+        _assert_same_error(lambda d: case(d, False))
+        after = torch.arange(3.0, device="tpu") * 2  # recorded after the refused call: computed
+        assert after.tolist() == [0.0, 2.0, 4.0]

@@ -165,6 +165,12 @@ CASES = {
         lambda d: torch.repeat_interleave(torch.tensor([-1, 0]).to(d), output_size=0),
         aten.repeat_interleave.Tensor,
     ),
+    "binary_cross_entropy_above_one": (
+        lambda d: F.binary_cross_entropy(torch.tensor([0.5, 1.5]).to(d), torch.tensor([0.0, 1.0]).to(d)),
+        aten.binary_cross_entropy.default,
+    ),
+    "histc_range_of_inf": (lambda d: torch.histc(torch.tensor([0.0, 1.0, float("inf")]).to(d)), aten.histc.default),
+    "histc_range_of_nan": (lambda d: torch.histc(torch.tensor([1.0, float("nan")]).to(d), 4), aten.histc.default),
     # Note [Non-finite matrices]
     "svd_nan": (lambda d: torch.linalg.svd(_nan_matrix(d)), aten._linalg_svd.default),
     "matrix_rank_nan": (lambda d: torch.linalg.matrix_rank(_nan_matrix(d)), aten._linalg_svd.default),
@@ -408,6 +414,8 @@ def test_a_failed_random_op_spares_the_random_state(eager_mode):
         lambda d: torch.repeat_interleave(torch.tensor([2, 0, 1]).to(d), output_size=3),
         lambda d: torch.repeat_interleave(_x(d), torch.tensor([0, 2, 1]).to(d), dim=0, output_size=3),
         lambda d: torch.repeat_interleave(torch.tensor([], dtype=torch.long).to(d), output_size=3),  # CPU: nothing
+        lambda d: F.binary_cross_entropy(torch.tensor([0.0, 1.0]).to(d), torch.tensor([0.5, 1.0]).to(d)),
+        lambda d: torch.histc(torch.tensor([0.0, 1.0, float("inf"), float("nan")]).to(d), 2, 0.0, 2.0),
     ],
 )
 def test_good_values_pass(fn):

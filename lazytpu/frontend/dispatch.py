@@ -48,6 +48,7 @@ import torch
 from lazytpu import _caches
 from lazytpu.engine import STEPS_DUE, run_due_steps
 from lazytpu.frontend import hostio, tensor
+from lazytpu.frontend.checks import scalars
 from lazytpu.frontend.metas import MetaUnavailable
 from lazytpu.frontend.record import (
     DECOMPOSITIONS,
@@ -221,10 +222,13 @@ def _after_foreach(func) -> Route:
             return Route("out", lambda f, a, k: run_out(f, functional, a, k), None, functional)
     last = _last(func)
     decomp = DECOMPOSITIONS.get(func)
+    checked = scalars.value_checked(func)
 
     def decomposed(func, args, kwargs):
         if func in _DECOMPOSING.ops:  # a decomposition calling its own op again
             return last.run(func, args, kwargs)
+        if checked:
+            scalars.check_decomposed_values(func, args, kwargs)
         _DECOMPOSING.ops.add(func)
         try:
             if decomp is not None:

@@ -70,7 +70,8 @@ class Route:
 ROUTES: dict = _caches.table("routes")
 
 
-_NO_LIFT = frozenset({"arange", "linspace", "logspace", "range", "full", "scalar_tensor"})
+# ``histc``'s min and max select an algorithm too: equal, the range is the data's (Note [Value checks])
+_NO_LIFT = frozenset({"arange", "linspace", "logspace", "range", "full", "scalar_tensor", "histc"})
 
 
 # A Python float or int passed where the schema takes a Scalar, float or

@@ -18,7 +18,8 @@ import re
 
 import torch
 
-from lazytpu.frontend.checks.probe import cpu_error
+from lazytpu import _caches
+from lazytpu.frontend.checks.probe import cpu_error, split
 from lazytpu.ir import Scalar
 
 # Ops that take a Python number as an operand, whose CPU kernels check it
@@ -77,12 +78,59 @@ def _run_on_stand_ins(func, template, values) -> None:
     conversion: torch skips the check for some one-element and no zero-size
     calls, so those sizes are kept); zeros, so that nothing divides by garbage."""
 
-    def stand_in(v):
-        return torch.zeros(v.shape if v.numel() <= 64 else tuple(min(n, 2) for n in v.shape), dtype=v.dtype)
-
-    error = cpu_error(func, template, values, stand_in)
+    error = cpu_error(func, template, values, _stand_in)
     if error is not None and _SCALAR_ERRORS.search(error[1]):
         raise error[0](error[1]) from None
+
+
+def _stand_in(v):
+    return torch.zeros(v.shape if v.numel() <= 64 else tuple(min(n, 2) for n in v.shape), dtype=v.dtype)
+
+
+# Ops whose CPU kernels check a number's value where their meta kernels do
+# not (``celu``'s alpha, ``smooth_l1_loss``'s beta), or do once per call
+# signature, which a lifted number's value is not part of (``cdist``'s p,
+# ``renorm``'s maxnorm, the backward of an in-place ``leaky_relu`` or ``elu``
+# with a negative slope): what each raises.
+_VALUE_CHECKED = {
+    "_cdist_forward": "only supports non-negative p",
+    "renorm": "maxnorm|non-positive-norm",
+    "leaky_relu_backward": "with a negative slope",
+    "elu_backward": "with a negative slope",
+    "celu": "alpha cannot be 0",
+    "smooth_l1_loss": "negative values for beta",
+    "smooth_l1_loss_backward": "negative values for beta",
+}
+
+
+_DECOMPOSED_PASSED = _caches.memo("decomposed_value_checks")
+
+
+def value_checked(func) -> bool:
+    return _family(func) in _VALUE_CHECKED
+
+
+def check_decomposed_values(func, args, kwargs) -> None:
+    """``_check_values`` of a ``value_checked`` op that is decomposed, not
+    recorded (``smooth_l1_loss``): its numbers are in its template."""
+    template, values = split(args, kwargs)
+    passed = _DECOMPOSED_PASSED.setdefault((func, template), set())
+    _check_values(func, template, re.compile(_VALUE_CHECKED[_family(func)]), passed, values)
+
+
+def _check_values(func, template, errors: re.Pattern, passed: set, values) -> None:
+    """torch's error for a number ``func`` refuses, at every call; each distinct
+    set of numbers runs on CPU stand-ins once (a number that changes every call
+    keeps the set small)."""
+    key = tuple(v.value for v in values if type(v) is Scalar)
+    if key in passed:
+        return
+    error = cpu_error(func, template, values, _stand_in)
+    if error is not None and errors.search(error[1]):
+        raise error[0](error[1]) from None
+    if len(passed) >= 64:
+        passed.clear()
+    passed.add(key)
 
 
 def _int_value(a) -> int | None:
@@ -130,6 +178,8 @@ def per_call_check(func, kwargs, template, values, meta_out):
     if not isinstance(out, torch.Tensor) or out.dtype.is_complex:
         return None
     checks = []
+    if name in _VALUE_CHECKED:
+        checks.append(functools.partial(_check_values, func, template, re.compile(_VALUE_CHECKED[name]), set()))
     if name in _CHECKED_CONVERSION_OPS and any(type(v) is Scalar and v.kind is complex for v in values):
         checks.append(functools.partial(_check_complex, func, template))  # into a real dtype
     if out.dtype is torch.float64:
@@ -167,6 +217,8 @@ _RANDOM_ERRORS = re.compile(r"expects|is out of bounds for|handles only integral
 
 def random_check(func, template):
     """The per-call check of a random op's parameter values (``_Plan.scalar_check``), or None."""
+    if _family(func) == "multinomial":
+        return functools.partial(_check_multinomial, template)
     if _family(func) not in _RANDOM_CHECKED:
         return None
     return functools.partial(_check_random_parameters, func, template, set())
@@ -189,6 +241,13 @@ def _check_random_parameters(func, template, passed: set, values) -> None:
     if len(passed) >= 64:  # a parameter that changes every call: keep the set small
         passed.clear()
     passed.add(key)
+
+
+def _check_multinomial(template, values) -> None:
+    """torch's check that its meta kernel skips (its lowering failed at the sync)."""
+    replacement = template.args[2] if len(template.args) > 2 else dict(template.kwargs).get("replacement", False)
+    if not replacement and template.args[1] > values[0].shape[-1]:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
 
 
 def _past_exact_integers(template, values) -> bool:

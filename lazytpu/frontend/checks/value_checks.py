@@ -7,7 +7,8 @@ or non-finite ``multinomial`` probabilities, ``bernoulli`` probabilities
 outside [0, 1], a negative ``normal`` std or ``poisson`` rate, ``_segment_reduce`` lengths, a per-channel
 fake quantization's integer zero points outside its range,
 ``repeat_interleave``'s repeats against its ``output_size``, an integer
-division by zero, a non-finite matrix of a decomposition (Note [Non-finite matrices]). On
+division by zero, a non-finite matrix of a decomposition (Note [Non-finite matrices]),
+``binary_cross_entropy``'s input outside [0, 1], ``histc``'s range taken from non-finite data. On
 ``tpu`` the data is not on the host when the op is recorded, and reading it
 there would cut the program and make the host wait for the device at every
 such op. Instead each checked op records, beside itself, a
@@ -424,6 +425,17 @@ def _masked_scatter(self, mask, source):
 @checks(aten.multinomial.default)
 def _multinomial(self, *rest, **kwargs):
     return [(self, "probability", (), 1), (self, "row_sums", (), 1)]
+
+
+@checks(aten.binary_cross_entropy.default)
+def _binary_cross_entropy(self, *rest, **kwargs):
+    return [(self, "unit_interval", (), 0.5)]
+
+
+@checks(aten.histc.default)
+def _histc(self, bins=100, min=0, max=0):  # noqa: A002 - torch's argument names
+    """With ``min == max`` the range is the data's: CPU refuses a non-finite one."""
+    return [(self, "finite", (), 0)] if min == max else []
 
 
 @checks(aten.bernoulli.default)
