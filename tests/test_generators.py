@@ -118,6 +118,18 @@ def test_get_state_and_set_state_replay_and_check_their_input():
     assert torch.equal(torch.rand(5, device="tpu", generator=g.set_state(state)).cpu(), first)  # unchanged by them
 
 
+def test_the_device_state_is_checked_as_a_generators():
+    """``torch.tpu.set_rng_state`` of a wrong state: torch's errors (numpy's ValueError before), the state kept."""
+    state = torch.tpu.get_rng_state()
+    first = torch.rand(5, device="tpu").cpu()
+    with pytest.raises(TypeError, match="RNG state must be a torch.ByteTensor"):
+        torch.tpu.set_rng_state(torch.zeros(8))
+    with pytest.raises(RuntimeError, match="of size 8 but found the input RNG state size to be 5"):
+        torch.tpu.set_rng_state(torch.zeros(5, dtype=torch.uint8))
+    torch.tpu.set_rng_state(state)
+    assert torch.equal(torch.rand(5, device="tpu").cpu(), first)
+
+
 @pytest.mark.parametrize("copier", [copy.deepcopy, lambda g: pickle.loads(pickle.dumps(g))], ids=["deepcopy", "pickle"])
 def test_a_copied_generator_continues_where_its_original_is(copier):
     g = torch.Generator("tpu").manual_seed(8)

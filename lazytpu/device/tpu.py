@@ -29,6 +29,7 @@ from lazytpu.device.memory import (
 )
 from lazytpu.device.streams import Event, Stream, StreamContext, current_stream, default_stream, set_stream, stream
 from lazytpu.engine import EagerMode
+from lazytpu.frontend.generator import check_state
 
 __all__ = [
     "EagerMode",
@@ -165,6 +166,7 @@ def get_rng_state(device=None) -> torch.Tensor:
 
 
 def set_rng_state(state: torch.Tensor, device=None) -> None:
+    check_state(state)
     engine.context(_index(device)).set_rng_state(state)
 
 

@@ -36,6 +36,17 @@ from lazytpu.runtime import keys
 _GENERATORS: weakref.WeakValueDictionary[int, TpuGenerator] = weakref.WeakValueDictionary()
 
 
+def check_state(new_state) -> None:
+    """torch's errors for an RNG state that is not a generator's (a CPU generator words its own)."""
+    if not isinstance(new_state, torch.Tensor) or new_state.dtype != torch.uint8:
+        raise TypeError("RNG state must be a torch.ByteTensor")
+    if new_state.numel() != keys.STATE_BYTES:
+        raise RuntimeError(
+            f"Expected a tpu generator state of size {keys.STATE_BYTES} but found the input RNG state "
+            f"size to be {new_state.numel()}"
+        )
+
+
 class TpuGenerator(torch.Generator):
     """A generator of a tpu device (Note [tpu generators])."""
 
@@ -96,13 +107,7 @@ class TpuGenerator(torch.Generator):
         return torch.from_numpy(self._host_key()).clone()  # resizable, as a CPU state is
 
     def set_state(self, new_state) -> TpuGenerator:
-        if not isinstance(new_state, torch.Tensor) or new_state.dtype != torch.uint8:
-            raise TypeError("RNG state must be a torch.ByteTensor")
-        if new_state.numel() != keys.STATE_BYTES:
-            raise RuntimeError(
-                f"Expected a tpu generator state of size {keys.STATE_BYTES} but found the input RNG state "
-                f"size to be {new_state.numel()}"
-            )
+        check_state(new_state)
         ctx = engine.context(self._lt_index)
         with ctx.lock:
             self._lt_key = Storage(keys.bytes_key(new_state.cpu().clone().numpy(), self._lt_index), ctx.graph, (1,))
