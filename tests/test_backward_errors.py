@@ -108,3 +108,31 @@ def test_an_interrupt_inside_a_tpu_op_during_backward_is_raised_by_backward():
         tensor.install(dispatch=dispatch)
     (x * 2).sum().backward()
     assert x.grad.cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+class _Moved(torch.autograd.Function):
+    """A backward that returns its gradient on another device (Note [Gradients of custom Functions])."""
+
+    @staticmethod
+    def forward(ctx, x, to):
+        ctx.to = to
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.to(ctx.to), None
+
+
+@pytest.mark.parametrize(("device", "to"), [("tpu", "cpu"), ("cpu", "tpu")])
+def test_a_custom_functions_gradient_on_another_device_is_refused(device, to):
+    """As CUDA's engine refuses it (a CPU ``.grad`` of a tpu leaf before); a 0-d one is moved, as torch moves it."""
+    x = torch.ones(3, device=device, requires_grad=True)
+    with pytest.raises(RuntimeError) as refused:
+        _Moved.apply(x, to).sum().backward()
+    assert str(refused.value) == (
+        f"Function _MovedBackward returned an invalid gradient at index 0 - expected device "
+        f"{torch.empty(0, device=device).device} but got {torch.empty(0, device=to).device}"
+    )
+    scalar = torch.tensor(1.0, device=device, requires_grad=True)
+    _Moved.apply(scalar, to).backward()
+    assert scalar.grad.device == scalar.device and scalar.grad.item() == 1.0

@@ -26,7 +26,9 @@ from __future__ import annotations
 import functools
 import gc
 
+import torch
 import torch.autograd
+import torch.autograd.function
 import torch.autograd.graph
 
 # the error a backward pass left set, taken by the device guard: one slot for the
@@ -61,10 +63,46 @@ def _raising_taken(run):
     return engine_run_backward
 
 
+# Note [Gradients of custom Functions]: autograd's engine checks that each
+# gradient a node returns is on its input's device ("Function XBackward
+# returned an invalid gradient at index 0 - expected device ..."), moving a
+# 0-d one there, except where either side is a Python tensor subclass, as a
+# tpu tensor is. A custom ``autograd.Function`` whose backward returned a CPU
+# gradient for a tpu input then made a CPU ``.grad`` (``optimizer.step()``
+# failed later, on another line). Its backward's results are checked here as
+# the engine checks those of other devices.
+def _checked_gradients(apply):
+    @functools.wraps(apply)
+    def checked(ctx, *args):
+        grads = apply(ctx, *args)
+        single = not isinstance(grads, tuple)
+        out = [grads] if single else list(grads)
+        for i, (grad, edge) in enumerate(zip(out, ctx.next_functions)):
+            if not isinstance(grad, torch.Tensor) or edge[0] is None:
+                continue
+            want = edge[0]._input_metadata[edge[1]].device
+            if grad.device != want and "tpu" in (grad.device.type, want.type):
+                if grad.dim():
+                    raise RuntimeError(
+                        f"Function {type(ctx).__name__} returned an invalid gradient at index {i} - expected device "
+                        f"{want} but got {grad.device}"
+                    )
+                out[i] = grad.to(want)
+        return out[0] if single else tuple(out)
+
+    checked.lazytpu_wrapped = True
+    return checked
+
+
 def install() -> None:
-    """Wrap ``_engine_run_backward`` where ``torch.autograd`` reads it (idempotent)."""
+    """Wrap ``_engine_run_backward`` where ``torch.autograd`` reads it, and
+    custom Functions' backward (idempotent)."""
     run = torch.autograd.graph._engine_run_backward
     if not getattr(run, "lazytpu_wrapped", False):
         wrapped = _raising_taken(run)
         torch.autograd.graph._engine_run_backward = wrapped
         torch.autograd._engine_run_backward = wrapped
+    node = torch.autograd.function.BackwardCFunction
+    for name in ("apply", "apply_boxed"):
+        if not getattr(getattr(node, name), "lazytpu_wrapped", False):
+            setattr(node, name, _checked_gradients(getattr(node, name)))
