@@ -93,13 +93,16 @@ def _stand_in(v):
 # ``renorm``'s maxnorm, the backward of an in-place ``leaky_relu`` or ``elu``
 # with a negative slope): what each raises.
 _VALUE_CHECKED = {
-    "_cdist_forward": "only supports non-negative p",
-    "renorm": "maxnorm|non-positive-norm",
-    "leaky_relu_backward": "with a negative slope",
-    "elu_backward": "with a negative slope",
-    "celu": "alpha cannot be 0",
-    "smooth_l1_loss": "negative values for beta",
-    "smooth_l1_loss_backward": "negative values for beta",
+    name: re.compile(errors)
+    for name, errors in {
+        "_cdist_forward": "only supports non-negative p",
+        "renorm": "maxnorm|non-positive-norm",
+        "leaky_relu_backward": "with a negative slope",
+        "elu_backward": "with a negative slope",
+        "celu": "alpha cannot be 0",
+        "smooth_l1_loss": "negative values for beta",
+        "smooth_l1_loss_backward": "negative values for beta",
+    }.items()
 }
 
 
@@ -115,20 +118,31 @@ def check_decomposed_values(func, args, kwargs) -> None:
     recorded (``smooth_l1_loss``): its numbers are in its template."""
     template, values = split(args, kwargs)
     passed = _DECOMPOSED_PASSED.setdefault((func, template), set())
-    _check_values(func, template, re.compile(_VALUE_CHECKED[_family(func)]), passed, values)
+    _check_values(func, template, _VALUE_CHECKED[_family(func)], passed, values)
 
 
 def _check_values(func, template, errors: re.Pattern, passed: set, values) -> None:
     """torch's error for a number ``func`` refuses, at every call; each distinct
-    set of numbers runs on CPU stand-ins once (a number that changes every call
-    keeps the set small)."""
-    key = tuple(v.value for v in values if type(v) is Scalar)
-    if key in passed:
-        return
-    error = cpu_error(func, template, values, _stand_in)
+    set of numbers runs on CPU stand-ins once."""
+    key = _numbers(values)
+    if key not in passed:
+        _probe_numbers(func, template, values, _stand_in, errors)
+        _passed(passed, key)
+
+
+def _numbers(values) -> tuple:
+    return tuple(v.value for v in values if type(v) is Scalar)
+
+
+def _probe_numbers(func, template, values, stand_in, errors: re.Pattern) -> None:
+    """Run ``func`` with its numbers on CPU stand-ins; raise what it raises that ``errors`` matches."""
+    error = cpu_error(func, template, values, stand_in)
     if error is not None and errors.search(error[1]):
         raise error[0](error[1]) from None
-    if len(passed) >= 64:
+
+
+def _passed(passed: set, key: tuple) -> None:
+    if len(passed) >= 64:  # a number that changes every call: keep the set small
         passed.clear()
     passed.add(key)
 
@@ -179,7 +193,7 @@ def per_call_check(func, kwargs, template, values, meta_out):
         return None
     checks = []
     if name in _VALUE_CHECKED:
-        checks.append(functools.partial(_check_values, func, template, re.compile(_VALUE_CHECKED[name]), set()))
+        checks.append(functools.partial(_check_values, func, template, _VALUE_CHECKED[name], set()))
     if name in _CHECKED_CONVERSION_OPS and any(type(v) is Scalar and v.kind is complex for v in values):
         checks.append(functools.partial(_check_complex, func, template))  # into a real dtype
     if out.dtype is torch.float64:
@@ -228,19 +242,15 @@ def _check_random_parameters(func, template, passed: set, values) -> None:
     """torch's error for a random op's bad parameter values, at every call
     (a lifted float's value is not in the call signature); each distinct
     set of values is checked on CPU once."""
-    key = tuple(v.value for v in values if type(v) is Scalar)
+    key = _numbers(values)
     if key in passed:
         return
     # zero-size stand-ins, a 0-d tensor included (a 0-d one would hold an uninitialised
     # parameter and draw from the CPU generator); they broadcast with one another
-    error = cpu_error(func, template, values, lambda v: torch.empty((0,) * max(v.dim(), 1), dtype=v.dtype))
-    if error is not None and _RANDOM_ERRORS.search(error[1]):
-        raise error[0](error[1]) from None
+    _probe_numbers(func, template, values, lambda v: torch.empty((0,) * max(v.dim(), 1), dtype=v.dtype), _RANDOM_ERRORS)
     if _family(func) == "random" and _past_exact_integers(template, values):
         return  # CPU's kernel warns at every such call ("from is out of bounds [-(2^24), 2^24]"): so does the probe
-    if len(passed) >= 64:  # a parameter that changes every call: keep the set small
-        passed.clear()
-    passed.add(key)
+    _passed(passed, key)
 
 
 def _check_multinomial(template, values) -> None:
