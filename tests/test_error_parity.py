@@ -425,3 +425,34 @@ def test_a_number_is_checked_at_every_call(name, eager_mode):
         _assert_same_error(lambda d: case(d, False))
         after = torch.arange(3.0, device="tpu") * 2  # recorded after the refused call: computed
         assert after.tolist() == [0.0, 2.0, 4.0]
+
+
+# Calls that mix a CPU tensor into a tpu op where torch's own checks refuse it
+# (as on CUDA); the first two raised AttributeError from inside lazytpu.
+MIXED_DEVICE_CASES = {
+    "in_place_into_a_cpu_scalar": (
+        lambda: torch.tensor(1.0).mul_(torch.tensor(2.0, device="tpu")),
+        "Expected all tensors to be on the same device, but found at least two devices, tpu:0 and cpu!",
+    ),
+    "set_to_a_cpu_tensor": (
+        lambda: torch.zeros(3, device="tpu").set_(torch.empty(2)),
+        'Attempted to set the storage of a tensor on device "tpu:0" to a storage on different device "cpu".  '
+        "This is no longer allowed; the devices must match.",
+    ),
+    "copy_that_does_not_broadcast": (  # torch's words, as CPU's copy_ (it was broadcast_shapes')
+        lambda: torch.zeros(2, 3, device="tpu").copy_(torch.randn(2)),
+        "The size of tensor a (3) must match the size of tensor b (2) at non-singleton dimension 1",
+    ),
+    "copy_into_a_smaller_target": (
+        lambda: torch.zeros(2, 1, device="tpu").copy_(torch.randn(2, 3, device="tpu")),
+        "output with shape [2, 1] doesn't match the broadcast shape [2, 3]",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MIXED_DEVICE_CASES))
+def test_mixed_devices_raise_torchs_error(name):
+    call, message = MIXED_DEVICE_CASES[name]
+    with pytest.raises(RuntimeError) as raised:
+        call()
+    assert str(raised.value) == message

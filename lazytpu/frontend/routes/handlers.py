@@ -89,7 +89,7 @@ def copy_(func, args, kwargs):
     elif src.device != dst.device:  # tpu:i -> tpu:j
         src = to_device(src, dst.device.index or 0)
     if tuple(src.shape) != tuple(dst.shape):
-        torch.broadcast_shapes(src.shape, dst.shape)  # torch's error if not broadcastable
+        torch.empty(dst.shape, device="meta").copy_(torch.empty(src.shape, device="meta"))  # torch's error if not
         src = aten.expand.default(src, list(dst.shape))
     write(dst, src)
     return dst
@@ -214,8 +214,17 @@ def is_pinned(func, args, kwargs):
 @handles(aten.set_.source_Tensor)
 def set_(func, args, kwargs):
     dst, src = args
+    _check_same_device(dst, src)
     rebind_metadata(dst, view_of(src, src.shape, src.stride(), src.storage_offset()))
     return dst
+
+
+def _check_same_device(dst, source) -> None:
+    if source.device != dst.device:
+        raise RuntimeError(
+            f'Attempted to set the storage of a tensor on device "{dst.device}" to a storage on different device '
+            f'"{source.device}".  This is no longer allowed; the devices must match.'
+        )
 
 
 @handles(aten.set_.source_Storage, aten.set_.source_Storage_storage_offset)
@@ -225,11 +234,7 @@ def set_storage(func, args, kwargs):
     storage holds (Note [tpu storages] in frontend/hostio)."""
     call = dict(zip(("self", "source", "storage_offset", "size", "stride"), args), **kwargs)
     dst, source = call["self"], call["source"]
-    if source.device != dst.device:
-        raise RuntimeError(
-            f'Attempted to set the storage of a tensor on device "{dst.device}" to a storage on different device '
-            f'"{source.device}".  This is no longer allowed; the devices must match.'
-        )
+    _check_same_device(dst, source)
     held = hostio.held_by(source)
     if held is None:
         raise RuntimeError(f"lazytpu: this {source.device} storage was not made by lazytpu and holds no data")

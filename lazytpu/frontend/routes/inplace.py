@@ -178,6 +178,11 @@ def inplace_runner(func, functional, route):
 
 def run_inplace(func, functional, args, kwargs, route):
     self = args[0]
+    if type(self) is not LazyTensor and self.device.type != "tpu":  # a CPU 0-d target of tpu operands
+        other = next((a.device for a in (*args, *kwargs.values()) if type(a) is LazyTensor), "tpu:0")
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, {other} and {self.device}!"
+        )
     key, _ = plan_key(func, args, kwargs)
     if key not in _INPLACE_CHECKED:
         with warnings.catch_warnings():  # some meta kernels resize self; the shape check below raises
