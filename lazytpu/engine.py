@@ -257,7 +257,9 @@ class DeviceContext:
             self.random.value = keys.seed_key(self.seed, self.index)
 
     def rng_value(self):
-        if self.random.value is None:
+        if self.random.value is None or runtime.failed(self.random.value):  # Note [Failed buffers]
+            if self.random.value is not None:
+                engine_flush.warn_reseeded(self.index)
             self.manual_seed(self.seed)
         return self.random.value
 
@@ -348,8 +350,7 @@ class DeviceContext:
             self.lane().checks.append(check)
 
     def watch_values(self, check) -> None:
-        """Read ``check`` (a ``value_checks.PendingValueCheck``) once a flush
-        has computed it (Note [Value checks])."""
+        """Read ``check`` (a ``value_checks.PendingValueCheck``) once a flush has computed it (Note [Value checks])."""
         self.lane().value_checks.append(check)
 
     def read_value_checks(self) -> None:
@@ -372,7 +373,7 @@ class DeviceContext:
         errors, waiting = lane.check_errors, []
         for pending in lane.computed_checks:
             result = pending.result.value
-            if type(result) is not Data:  # its op failed: nothing to check
+            if type(result) is not Data or runtime.failed(result):  # its op failed (Note [Failed buffers])
                 continue
             if not result.buffer.is_ready():
                 waiting.append(pending)
@@ -390,8 +391,7 @@ class DeviceContext:
         lane.computed_checks = waiting
 
     def end_step(self) -> None:
-        """The end of ``optimizer.step()``: a sync point, dispatched lazily
-        (Note [Step boundary])."""
+        """The end of ``optimizer.step()``: a sync point, dispatched lazily (Note [Step boundary])."""
         metrics.count("syncs", "optimizer_step")
         with self.lock:
             lane = self.lane()

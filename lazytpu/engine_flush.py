@@ -32,6 +32,7 @@ lazytpu.fusion.program). The flush then raises the first error.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import attrs
@@ -41,6 +42,7 @@ import torch
 from lazytpu import _caches, metrics, runtime
 from lazytpu.fusion import FailedInput, build_program, op_node, split_roots
 from lazytpu.ir import Aval, Data, Failed, Output, Scalar
+from lazytpu.ir.source import user_stacklevel
 
 
 def run(ctx, roots: list, runner, first: bool = True) -> tuple[dict, dict]:
@@ -334,3 +336,10 @@ def located(exc: BaseException, op: str, where: str | None) -> BaseException:
     if not where:
         return exc
     return type(exc)(f"{exc} ({op} recorded at {where})").with_traceback(None)
+
+
+def warn_reseeded(index: int) -> None:
+    """A device's random key failed with its program (Note [Failed buffers] in lazytpu.runtime.transfer)."""
+    warnings.warn(
+        f"lazytpu: tpu:{index}'s random state was lost with a failed program; re-seeded", stacklevel=user_stacklevel()
+    )

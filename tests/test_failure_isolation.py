@@ -143,3 +143,22 @@ def test_a_failure_is_raised_once_though_later_programs_carry_it(failing_exp):
     assert y.grad.cpu().tolist() == [3.0, 3.0, 3.0]
     with pytest.raises(RuntimeError, match="injected"):
         x.grad.cpu()  # the value that depends on the failure still holds it
+
+
+def test_a_program_that_fails_as_it_runs_spares_what_follows():
+    """(Note [Failed buffers] in lazytpu.runtime.transfer) XLA allocates a program's
+    buffers as it runs: 64 TiB fail after the launch returned. Every later host read
+    raised the same error (a value check's probe computed there), and every later
+    random op too (the device's key computed there); ``synchronize`` raised JAX's error."""
+    torch.manual_seed(5)
+    huge = torch.rand(2**22, 2**22, device="tpu")
+    picked = torch.arange(4.0, device="tpu")[torch.tensor([1, 2], device="tpu")]  # a value check in that program
+    with pytest.raises(torch.OutOfMemoryError, match="out of device memory"):
+        torch.tpu.synchronize()
+    del huge, picked
+    with pytest.warns(UserWarning, match="random state was lost with a failed program; re-seeded"):
+        after = torch.rand(3, device="tpu")
+    torch.manual_seed(5)
+    assert torch.equal(after.cpu(), torch.rand(3, device="tpu").cpu())  # the device's seed's first draws
+    assert (torch.ones(3, device="tpu") + 1).cpu().tolist() == [2.0, 2.0, 2.0]
+    torch.tpu.synchronize()

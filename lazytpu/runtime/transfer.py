@@ -27,3 +27,26 @@ def to_host(buffer) -> np.ndarray:
     out = np.asarray(buffer)
     metrics.add("bytes_from_device", out.nbytes)
     return out
+
+
+# Note [Failed buffers]: a program can fail as it runs, after its launch
+# returned (XLA allocates its buffers then: a tensor too large for the
+# device's memory). Its outputs then hold the failure, and every read of one
+# raises it. A value check computed there (its probe's read raised at every
+# later host read) is dropped, and a device's random key computed there (every
+# later random op read it, and failed) is replaced by the device's seed's key,
+# with a warning: both ask ``failed``, once per computed value.
+_CHECKED: list = [None]  # the last computed buffer found usable
+
+
+def failed(value) -> bool:
+    """Whether ``value`` (a ``Data``) is computed and holds its program's failure."""
+    buffer = getattr(value, "buffer", None)
+    if buffer is None or buffer is _CHECKED[0] or not buffer.is_ready():
+        return False
+    try:
+        buffer.block_until_ready()
+    except Exception:  # noqa: BLE001 - the failure its program ran into
+        return True
+    _CHECKED[0] = buffer
+    return False
