@@ -29,7 +29,7 @@ _KERNEL_ERRORS = re.compile(
     r"|only accept 1D vector as repeat"  # repeat_interleave
     r"|boundaries tensor should have positive dimension"  # searchsorted
     r"|Expected object of scalar type"  # complex, polar: both parts of one dtype
-    r"|backward calculation is triggered with a negative slope"
+    r"|backward calculation is triggered with a negative slope|bins must be > 0|expects 'from' to be less than 'to'"
     r"|reduce argument must be either|Expected reduce to be one of"  # segment_reduce, scatter_reduce, index_reduce
     # index, target and mask dtypes of the indexing ops (_INDEX_CHECKED)
     r"|Expected dtype int(32|64)\S* (or int64 )?for index|Expected a long tensor for index"
@@ -40,7 +40,10 @@ _KERNEL_ERRORS = re.compile(
 # Errors that depend on the sizes: they decide only where the stand-ins have
 # the real shapes (cummax of a 0-d tensor along dim 1), not where an empty
 # stand-in made them (kthvalue(x, 2) of a 1-d x).
-_SIZE_ERRORS = re.compile(r"Expected reduction dim")
+_SIZE_ERRORS = re.compile(
+    r"Expected reduction dim|out of range for tensor of size|slice step must be positive"
+    r"|expected src to have a size equal to the slice of self"
+)
 
 # Indexing ops whose CPU kernels check their index (or mask) dtype, and a
 # complex fill value, where meta kernels do not.
@@ -230,11 +233,15 @@ _DIM_CHECKED = frozenset(
         "sort",  # both overloads; argsort and msort decompose to it
         "cummax",  # a scalar takes dim -1 or 0 only
         "cummin",
-        "select_scatter",
-        "diagonal_scatter",
         # index_select of a scalar too: checked as one of _INDEX_CHECKED
     }
 )
+
+# Families whose meta kernels skip the size checks of their CPU kernels (an
+# index past the end, a source of another size than the slice it fills: the
+# lowering clamped the index, or wrote a part), checked on stand-ins of the
+# real shapes, as far as ``_SHAPED_LIMIT``.
+_CHECKED_ON_REAL_SHAPES = frozenset({"select_scatter", "slice_scatter", "diagonal_scatter"})
 
 
 def _attention_on_cpu(query, key, value, attn_bias=None, *args, scale=None, **kwargs):
@@ -399,6 +406,8 @@ def check_kernel_dtypes(func, template, values) -> None:
         stand_ins = _CHECKED
     elif family in _KERNEL_CHECKED_ON_SHAPES:
         stand_ins = _SHAPED
+    elif family in _CHECKED_ON_REAL_SHAPES:
+        stand_ins = ((_as_they_are, 0),)
     elif any(type(v) is not Scalar and v.dtype in _FLOAT8 for v in values):
         stand_ins = _CHECKED  # CPU computes few ops in float8 (casts, copies, indexing): every op asks
     else:

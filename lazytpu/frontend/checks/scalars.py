@@ -90,8 +90,9 @@ def _stand_in(v):
 # Ops whose CPU kernels check a number's value where their meta kernels do
 # not (``celu``'s alpha, ``smooth_l1_loss``'s beta), or do once per call
 # signature, which a lifted number's value is not part of (``cdist``'s p,
-# ``renorm``'s maxnorm, the backward of an in-place ``leaky_relu`` or ``elu``
-# with a negative slope): what each raises.
+# ``renorm``'s maxnorm, ``huber_loss``'s delta, ``softshrink``'s lambda,
+# ``isclose``'s tolerances, the backward of an in-place ``leaky_relu`` or
+# ``elu`` with a negative slope): what each raises.
 _VALUE_CHECKED = {
     name: re.compile(errors)
     for name, errors in {
@@ -100,6 +101,9 @@ _VALUE_CHECKED = {
         "leaky_relu_backward": "with a negative slope",
         "elu_backward": "with a negative slope",
         "celu": "alpha cannot be 0",
+        "huber_loss": "non-positive values for delta",
+        "softshrink": "lambda must be in range",
+        "isclose": "must be greater than or equal to zero",
         "smooth_l1_loss": "negative values for beta",
         "smooth_l1_loss_backward": "negative values for beta",
     }.items()
@@ -256,6 +260,8 @@ def _check_random_parameters(func, template, passed: set, values) -> None:
 def _check_multinomial(template, values) -> None:
     """torch's check that its meta kernel skips (its lowering failed at the sync)."""
     replacement = template.args[2] if len(template.args) > 2 else dict(template.kwargs).get("replacement", False)
+    if template.args[1] <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
     if not replacement and template.args[1] > values[0].shape[-1]:
         raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
 
