@@ -418,7 +418,6 @@ NUMBER_CASES = {
     "huber_negative_delta": lambda d, v: F.huber_loss(_t(4).to(d), _t(4).to(d), delta=8.7 if v else -1.5),
     "softshrink_negative_lambda": lambda d, v: F.softshrink(_t(4).to(d), 0.0 if v else -1.5),
     "allclose_negative_rtol": lambda d, v: torch.allclose(_t(4).to(d), _t(4).to(d), rtol=1.0 if v else -1.5),
-    "randint_like_empty_range": lambda d, v: torch.randint_like(_t(4).to(d), 3 if v else 0),
     "histogram_no_bins": lambda d, v: torch.histogram(_t(4).to(d), 2 if v else 0),
     # sizes the meta kernels do not check: the lowering clamped the index (row 1 written for 7) or wrote a part
     "select_scatter_index_past_the_end": lambda d, v: torch.select_scatter(

@@ -42,7 +42,7 @@ _CHECKED: list = [None]  # the last computed buffer found usable
 def failed(value) -> bool:
     """Whether ``value`` (a ``Data``) is computed and holds its program's failure."""
     buffer = getattr(value, "buffer", None)
-    if buffer is None or buffer is _CHECKED[0] or not buffer.is_ready():
+    if buffer is None or buffer is _CHECKED[0] or buffer.is_deleted() or not buffer.is_ready():
         return False
     try:
         buffer.block_until_ready()

@@ -29,7 +29,7 @@ _KERNEL_ERRORS = re.compile(
     r"|only accept 1D vector as repeat"  # repeat_interleave
     r"|boundaries tensor should have positive dimension"  # searchsorted
     r"|Expected object of scalar type"  # complex, polar: both parts of one dtype
-    r"|backward calculation is triggered with a negative slope|bins must be > 0|expects 'from' to be less than 'to'"
+    r"|backward calculation is triggered with a negative slope|bins must be > 0"
     r"|reduce argument must be either|Expected reduce to be one of"  # segment_reduce, scatter_reduce, index_reduce
     # index, target and mask dtypes of the indexing ops (_INDEX_CHECKED)
     r"|Expected dtype int(32|64)\S* (or int64 )?for index|Expected a long tensor for index"
