@@ -26,6 +26,7 @@ from lazytpu.ir.source import source_text
 from lazytpu.lowering import lower_program, program_args
 from lazytpu.runtime import keys
 from lazytpu.runtime.platform import ForkState, check_not_forked
+from lazytpu.runtime.transfer import failed
 
 DEFAULT_SEED = 67280421310721  # torch's default CPU seed
 
@@ -257,7 +258,7 @@ class DeviceContext:
             self.random.value = keys.seed_key(self.seed, self.index)
 
     def rng_value(self):
-        if self.random.value is None or runtime.failed(self.random.value):  # Note [Failed buffers]
+        if self.random.value is None or failed(self.random.value):  # Note [Failed buffers]
             if self.random.value is not None:
                 engine_flush.warn_reseeded(self.index)
             self.manual_seed(self.seed)
@@ -373,7 +374,7 @@ class DeviceContext:
         errors, waiting = lane.check_errors, []
         for pending in lane.computed_checks:
             result = pending.result.value
-            if type(result) is not Data or runtime.failed(result):  # its op failed (Note [Failed buffers])
+            if type(result) is not Data or failed(result):  # its op failed (Note [Failed buffers])
                 continue
             if not result.buffer.is_ready():
                 waiting.append(pending)
