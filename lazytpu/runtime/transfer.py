@@ -35,18 +35,16 @@ def to_host(buffer) -> np.ndarray:
 # raises it. A value check computed there (its probe's read raised at every
 # later host read) is dropped, and a device's random key computed there (every
 # later random op read it, and failed) is replaced by the device's seed's key,
-# with a warning: both ask ``failed``, once per computed value.
-_CHECKED: list = [None]  # the last computed buffer found usable
+# with a warning: both ask ``failed`` (no wait: it looks only at computed values).
 
 
 def failed(value) -> bool:
     """Whether ``value`` (a ``Data``) is computed and holds its program's failure."""
     buffer = getattr(value, "buffer", None)
-    if buffer is None or buffer is _CHECKED[0] or buffer.is_deleted() or not buffer.is_ready():
+    if buffer is None or buffer.is_deleted() or not buffer.is_ready():
         return False
     try:
         buffer.block_until_ready()
     except Exception:  # noqa: BLE001 - the failure its program ran into
         return True
-    _CHECKED[0] = buffer
     return False
