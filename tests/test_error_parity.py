@@ -314,6 +314,10 @@ AT_CALL_CASES = {
     "fill_complex_into_long": lambda d: torch.zeros(3, dtype=torch.int64).to(d).fill_(2 + 1j),
     "setitem_complex_into_float": lambda d: _t(3).to(d).__setitem__(slice(None), 1j),
     "full_complex_float_dtype": lambda d: torch.full((2,), 1j, dtype=torch.float32, device=d),
+    # numbers the meta kernels accept (session 43's probe of the last sweep's leftovers)
+    "randint_like_high_below_low": lambda d: torch.randint_like(_t(3).to(d), 5, 3),
+    "randint_like_high_of_zero": lambda d: torch.randint_like(_t(3).to(d), 0),
+    "avg_pool2d_stride_past_int": lambda d: F.avg_pool2d(_t(1, 1, 4, 4).to(d), 2, stride=2**40),
 }
 
 

@@ -17,7 +17,7 @@ import hypothesis
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import run_both, tolerance
+from conftest import mode, run_both, tolerance
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -529,3 +529,23 @@ def test_division_by_a_number_or_a_broadcast_divisor_is_cpus_quotient(dtype, eag
             torch.testing.assert_close(got, want)
         else:
             assert torch.equal(got, want), (name, (got != want).sum().item())
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["polygamma_of_huge_order", "round_to_huge_decimals", "round_to_huge_negative_decimals", "var_of_nan_correction"],
+)
+def test_numbers_past_the_host_floats_range_give_cpus_values(name, eager_mode):
+    """``polygamma(2**40, x)``'s factorial and ``round(x, decimals=2**40)``'s scale overflow a Python
+    float: CPU's ``std::exp`` and ``std::pow`` give inf (so -inf and NaN), the lowering raised
+    OverflowError. A NaN correction: CPU's divisor ``max(0, n - nan)`` is 0 (inf), ``jnp.maximum``'s NaN."""
+    cases = {
+        "polygamma_of_huge_order": lambda t: torch.polygamma(2**40, t),
+        "round_to_huge_decimals": lambda t: torch.round(t, decimals=2**40),
+        "round_to_huge_negative_decimals": lambda t: torch.round(t, decimals=-(2**40)),
+        "var_of_nan_correction": lambda t: torch.var(t, dim=0, correction=float("nan")),
+    }
+    x = torch.tensor([[0.5, 1.0, 3.0], [2.0, 7.5, 40.0]])
+    with mode(eager_mode):
+        got = cases[name](x.to("tpu")).cpu()
+    torch.testing.assert_close(got, cases[name](x), equal_nan=True, rtol=0, atol=0)

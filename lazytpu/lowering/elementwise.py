@@ -373,10 +373,12 @@ def round_decimals(x, *, decimals=0):
     if _is_int(x):
         return x
     (x,) = promote(x)
+    try:
+        scale = 10.0 ** abs(decimals)
+    except OverflowError:
+        scale = math.inf  # as CPU's std::pow overflows
     if decimals < 0:
-        scale = 10.0 ** (-decimals)
         return jnp.round(x / scale) * scale
-    scale = 10.0**decimals
     return jnp.round(x * scale) / scale
 
 

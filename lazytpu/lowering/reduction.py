@@ -169,7 +169,8 @@ def _var_mean(x, dim, correction, keepdim, *, take_sqrt=False, centered_on_mean=
         else:
             mu = jnp.sum(v, axis=ax, keepdims=True) / n
         centered = v - mu
-        divisor = jnp.maximum(n - (1 if correction is None else correction), 0).astype(v.dtype)
+        dof = n - (1 if correction is None else correction)
+        divisor = jnp.where(dof > 0, dof, 0).astype(v.dtype)  # CPU's std::max(0, dof): a NaN one is 0
         var = jnp.sum(centered * centered, axis=ax, keepdims=keepdim) / divisor
         return (jnp.sqrt(var) if take_sqrt else var), (mu if keepdim else jnp.squeeze(mu, ax))
 

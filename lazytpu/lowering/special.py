@@ -170,8 +170,13 @@ def _polygamma(n: int, x):
         return _digamma(x)
     if n == 1:
         return _trigamma(x)
+    n, order = ((k + 2**31) % 2**32 - 2**31 for k in (n, n + 1))  # CPU's calc_polygamma: C ints wrap
     sign = 1.0 if n % 2 else -1.0
-    return sign * math.exp(math.lgamma(n + 1.0)) * _zeta(jnp.full_like(x, n + 1), x)
+    try:
+        factorial = math.exp(math.lgamma(n + 1.0))
+    except (OverflowError, ValueError):
+        factorial = math.inf  # as CPU's std::exp overflows, and its std::lgamma of a pole is inf
+    return sign * factorial * _zeta(jnp.full_like(x, order), x)
 
 
 def _erfinv(x):

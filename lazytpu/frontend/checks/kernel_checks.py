@@ -35,6 +35,7 @@ _KERNEL_ERRORS = re.compile(
     r"|Expected dtype int(32|64)\S* (or int64 )?for index|Expected a long tensor for index"
     r"|expected target dtype to be|only supports boolean masks|Converting complex Scalar to non-complex"
     r"|source tensor shape must match self tensor shape|and source \(\w+\) must have the same scalar type"
+    r"|value cannot be converted to type int without overflow"  # a pooling stride or padding past int
 )
 
 # Errors that depend on the sizes: they decide only where the stand-ins have

@@ -21,6 +21,7 @@ import torch
 from lazytpu import _caches
 from lazytpu.frontend.checks.probe import cpu_error, split
 from lazytpu.ir import Scalar
+from lazytpu.ir.template import fill
 
 # Ops that take a Python number as an operand, whose CPU kernels check it
 # against the dtype it meets (Note [Python integers wrap] in _dtypes).
@@ -237,6 +238,8 @@ def random_check(func, template):
     """The per-call check of a random op's parameter values (``_Plan.scalar_check``), or None."""
     if _family(func) == "multinomial":
         return functools.partial(_check_multinomial, template)
+    if _family(func) == "randint_like" and not func._overloadname.startswith("Tensor"):
+        return functools.partial(_check_randint_like, template)  # a Tensor high is not known before it runs
     if _family(func) not in _RANDOM_CHECKED:
         return None
     return functools.partial(_check_random_parameters, func, template, set())
@@ -264,6 +267,14 @@ def _check_multinomial(template, values) -> None:
         raise RuntimeError("cannot sample n_sample <= 0 samples")
     if not replacement and template.args[1] > values[0].shape[-1]:
         raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+
+
+def _check_randint_like(template, values) -> None:
+    """torch's check of ``randint_like``'s bounds, which its meta kernel skips (it drew ``low`` alone)."""
+    args = [getattr(a, "value", a) for a in fill(template, values)[0]]
+    low, high = (0, args[1]) if len(args) == 2 else args[1:3]
+    if low >= high:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
 
 
 def _past_exact_integers(template, values) -> bool:
