@@ -32,10 +32,12 @@ lazytpu.fusion.program). The flush then raises the first error.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable
 
 import attrs
+import jax
 import numpy as np
 import torch
 
@@ -343,3 +345,15 @@ def warn_reseeded(index: int) -> None:
     warnings.warn(
         f"lazytpu: tpu:{index}'s random state was lost with a failed program; re-seeded", stacklevel=user_stacklevel()
     )
+
+
+@contextlib.contextmanager
+def failures_as_torch_errors():
+    """A program's failure as it ran, read from its outputs (Note [Failed buffers] in
+    lazytpu.runtime.transfer), raised as torch's error: out of memory is ``torch.OutOfMemoryError``."""
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as exc:
+        if "RESOURCE_EXHAUSTED" in str(exc):
+            raise torch.OutOfMemoryError(f"lazytpu: out of device memory: {exc}") from exc
+        raise

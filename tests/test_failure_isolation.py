@@ -149,16 +149,23 @@ def test_a_program_that_fails_as_it_runs_spares_what_follows():
     """(Note [Failed buffers] in lazytpu.runtime.transfer) XLA allocates a program's
     buffers as it runs: 64 TiB fail after the launch returned. Every later host read
     raised the same error (a value check's probe computed there), and every later
-    random op too (the device's key computed there); ``synchronize`` raised JAX's error."""
+    random op too (the device's key, or a generator's, computed there); ``synchronize`` and
+    a read of a tensor computed there raised JAX's error."""
     torch.manual_seed(5)
+    gen = torch.Generator(device="tpu").manual_seed(7)
     huge = torch.rand(2**22, 2**22, device="tpu")
+    drawn = torch.rand(2**22, 2**22, device="tpu", generator=gen)  # the generator's key computed there too
     picked = torch.arange(4.0, device="tpu")[torch.tensor([1, 2], device="tpu")]  # a value check in that program
     with pytest.raises(torch.OutOfMemoryError, match="out of device memory"):
         torch.tpu.synchronize()
-    del huge, picked
+    with pytest.raises(torch.OutOfMemoryError, match="out of device memory"):  # torch's error, not JAX's
+        huge[0, :2].cpu()
+    del huge, drawn, picked
     with pytest.warns(UserWarning, match="random state was lost with a failed program; re-seeded"):
         after = torch.rand(3, device="tpu")
     torch.manual_seed(5)
     assert torch.equal(after.cpu(), torch.rand(3, device="tpu").cpu())  # the device's seed's first draws
+    from_gen = torch.rand(3, device="tpu", generator=gen).cpu()
+    assert torch.equal(from_gen, torch.rand(3, device="tpu", generator=gen.manual_seed(7)).cpu())  # its seed's
     assert (torch.ones(3, device="tpu") + 1).cpu().tolist() == [2.0, 2.0, 2.0]
     torch.tpu.synchronize()

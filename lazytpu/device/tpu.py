@@ -12,7 +12,7 @@ import types
 import jax
 import torch
 
-from lazytpu import engine, runtime
+from lazytpu import engine, engine_flush, runtime
 from lazytpu.device.memory import (
     empty_cache,
     max_memory_allocated,
@@ -124,12 +124,8 @@ def synchronize(device=None) -> None:
     """Run everything pending on ``device`` and wait for it."""
     ctx = engine.context(_index(device))
     ctx.flush_all("synchronize")
-    try:
+    with engine_flush.failures_as_torch_errors():
         jax.block_until_ready([b for lane in list(ctx.lanes.values()) for b in lane.graph.live_buffers()])
-    except jax.errors.JaxRuntimeError as exc:  # a program failed as it ran (Note [Failed buffers] in runtime.transfer)
-        if "RESOURCE_EXHAUSTED" in str(exc):
-            raise torch.OutOfMemoryError(f"lazytpu: out of device memory: {exc}") from exc
-        raise
     ctx.read_value_checks()  # all computed now (Note [Value checks])
 
 

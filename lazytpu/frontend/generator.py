@@ -30,6 +30,7 @@ from lazytpu import engine, runtime
 from lazytpu.frontend.tensor import tpu_device
 from lazytpu.ir import Failed, Storage
 from lazytpu.runtime import keys
+from lazytpu.runtime.transfer import failed
 
 # torch's C++ passes a generator on as a new ``torch.Generator`` of the same
 # C generator (its ``_cdata``), not the Python object: each TpuGenerator by its C generator.
@@ -77,11 +78,15 @@ class TpuGenerator(torch.Generator):
         with ctx.lock:
             self._lt_key = Storage(keys.seed_key(self.initial_seed(), self._lt_index), ctx.graph, (1,))
 
+    def _lost(self) -> bool:
+        """Whether the key failed with its program, as it was made or as it ran (Note [Failed buffers])."""
+        return type(self._lt_key.value) is Failed or failed(self._lt_key.value)
+
     def key(self, ctx, lane):
         """The key a random op reads (the seed's again if a failed program lost it: as the device's).
         An op on another tpu device draws from it too, as CUDA's generators serve any index of their
         type: the key moves to that device (through the host: 8 bytes) and stays there."""
-        if type(self._lt_key.value) is Failed:
+        if self._lost():
             self._reseed()
         if self._lt_key.graph.index != ctx.index:
             self._lt_key = Storage(keys.bytes_key(self._host_key(), ctx.index), ctx.graph, (1,))
@@ -99,7 +104,7 @@ class TpuGenerator(torch.Generator):
         with ctx.lock:
             if self._lt_key.pending:
                 ctx.flush_all("generator_state")
-            if type(self._lt_key.value) is Failed:
+            if self._lost():
                 self._reseed()
             return keys.key_bytes(self._lt_key.value)
 

@@ -100,7 +100,8 @@ def _host_base(t, reason: str) -> torch.Tensor:
         if isinstance(storage.value, Failed):
             ctx.read_value_checks()  # a failed check's own error first, at the read that shows it
             raise RuntimeError(f"lazytpu: this tensor's value could not be computed: {storage.value.error}")
-        array = runtime.to_host(storage.value.buffer)
+        with engine_flush.failures_as_torch_errors():
+            array = runtime.to_host(storage.value.buffer)
     ctx.read_value_checks()  # now that the read has waited for its program (Note [Value checks])
     dtype = t.dtype if view_dtype(t) is None else storage.value.aval.dtype  # Note [Dtype views]
     bits = _BITS.get(dtype)

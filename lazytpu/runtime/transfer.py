@@ -23,7 +23,9 @@ def from_host(array: np.ndarray, index: int = 0):
 
 
 def to_host(buffer) -> np.ndarray:
-    """Copy a device buffer to the host (blocks until it is computed)."""
+    """Copy a device buffer to the host (blocks until it is computed). A failed one raises its
+    program's error (Note [Failed buffers]): the buffer protocol aborted the process on XLA:CPU."""
+    buffer.block_until_ready()
     out = np.asarray(buffer)
     metrics.add("bytes_from_device", out.nbytes)
     return out
