@@ -184,7 +184,13 @@ def test_scaled_products(fn, shapes, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "shape,kernel,out",
-    [((2, 3, 9, 11), 3, (4, 5)), ((3, 9, 11), (2, 3), (5, 4)), ((2, 2, 7, 8, 9), (3, 2, 2), (3, 4, 5))],
+    [
+        ((2, 3, 9, 11), 3, (4, 5)),
+        ((3, 9, 11), (2, 3), (5, 4)),
+        ((2, 2, 7, 8, 9), (3, 2, 2), (3, 4, 5)),
+        ((1, 2, 8, 8), (0, 2), (4, 4)),  # empty windows: -inf at each window's start (the lowering failed)
+        ((1, 1, 4, 4, 4), (1, 0, 2), (2, 2, 2)),
+    ],
 )
 def test_fractional_max_pool_given_samples(shape, kernel, out, dtype, eager_mode):
     nd = len(out)
@@ -196,7 +202,8 @@ def test_fractional_max_pool_given_samples(shape, kernel, out, dtype, eager_mode
         return fn(t, kernel, output_size=out, return_indices=True, _random_samples=u)
 
     with no_fallback():
-        grad = dtype == torch.float32
+        # CPU's backward of empty windows fails an internal assert
+        grad = dtype == torch.float32 and 0 not in torch.Size([kernel] if isinstance(kernel, int) else kernel)
         run_both(pool, x.requires_grad_(grad), samples, mode_name=eager_mode, grad=grad)
 
 

@@ -374,8 +374,11 @@ def _fractional_max_pool(x, kernel_size, output_size, samples, order):
     for d in range(nd):
         u = samples[..., order.index(d)]
         starts = _fractional_starts(u, spatial[d], output_size[d], kernel_size[d])
-        taps.append(starts[..., None] + jnp.arange(kernel_size[d]))
+        taps.append(starts[..., None] + jnp.arange(max(kernel_size[d], 1)))
     flat = _plane_taps(taps, spatial, jnp)  # (N, C) + output + (K,)
+    if 0 in kernel_size:  # CPU's empty windows: -inf, at each window's start
+        out, index = jnp.full(flat.shape[:-1], -jnp.inf, x.dtype), flat[..., 0]
+        return (out[0], index[0]) if unbatched else (out, index)
     plane = x.reshape(x.shape[:2] + (math.prod(spatial),))
     taps = flat.reshape(flat.shape[:2] + (math.prod(flat.shape[2:]),))
     values = jnp.take_along_axis(plane, taps, axis=-1).reshape(flat.shape)
