@@ -9,6 +9,8 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+from conftest import mode
 
 DEVICES = ("cpu", "tpu")
 
@@ -677,3 +679,32 @@ def test_tensor_of_a_list_of_zero_dim_tpu_tensors(device):
     assert made.device.type == (device or "cpu")
     assert made.tolist() == [5, 7, 3] and made.dtype is torch.int64
     assert torch.tensor([[halves[0]], [halves[2]]], device=device).cpu().tolist() == [[2.5], [4.5]]
+
+
+@pytest.mark.parametrize("make", ["embedding", "embedding_bag", "gather"])
+def test_sparse_gradients_are_the_dense_values_of_cpus(make, eager_mode):
+    """(Note [Sparse gradients]) tpu has no sparse layouts: ``nn.Embedding(sparse=True)``'s and
+    ``gather(sparse_grad=True)``'s backward raised NotImplementedError (a sparse COO tensor made on
+    tpu). They get the dense gradient of CPU's values, and SGD steps as on CPU."""
+    torch.manual_seed(0)
+    weight = torch.randn(10, 3)
+    index = torch.tensor([1, 2, 1, 5])
+
+    def step(device):
+        w = nn.Parameter(weight.to(device))
+        i = index.to(device)
+        if make == "embedding":
+            out = F.embedding(i, w, padding_idx=2, sparse=True)
+        elif make == "embedding_bag":
+            out = F.embedding_bag(i, w, torch.tensor([0, 2], device=device), mode="sum", sparse=True)
+        else:
+            out = torch.gather(w, 1, i.view(4, 1).remainder(3), sparse_grad=True)
+        out.pow(2).sum().backward()
+        grad = w.grad.to_dense().cpu()
+        torch.optim.SGD([w], lr=0.1).step()
+        return grad, w.detach().cpu()
+
+    with mode(eager_mode):
+        got = step("tpu")
+    want = step("cpu")
+    torch.testing.assert_close(got, want)

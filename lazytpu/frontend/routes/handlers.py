@@ -508,11 +508,29 @@ def _matmul_out(a, b, *, out):
     return out.copy_(result)
 
 
+# Note [Sparse gradients]: tpu has no sparse layouts. ``nn.Embedding(sparse=True)``'s and
+# ``gather(sparse_grad=True)``'s backward kernels are composite: they built a sparse COO
+# tensor, and raised. On tpu they give the dense gradient of the same values (what
+# ``to_dense()`` of CPU's gives), which every optimizer but ``SparseAdam`` takes as CPU's
+# (``embedding_bag``'s backward is dense already: its lowering ignores ``sparse``).
+
+
+def _embedding_sparse_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    return aten.embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq)
+
+
+def _gather_sparse_backward(x, dim, index, grad):
+    return torch.zeros_like(x, memory_format=torch.legacy_contiguous_format).scatter_add_(dim, index, grad)
+
+
 def register(lib) -> None:
-    """Install ``ctc_loss``, ``matmul.out`` and ``linalg_matrix_rank``'s ``out=`` forms in
-    ``lib`` (device/registration's aten library), above autograd's composite kernels."""
+    """Install ``ctc_loss``, ``matmul.out``, ``linalg_matrix_rank``'s ``out=`` forms and the
+    sparse gradients' kernels (Note [Sparse gradients]) in ``lib`` (device/registration's aten
+    library), above autograd's composite kernels."""
     lib.impl("ctc_loss.Tensor", ctc_loss, "AutogradPrivateUse1")
     lib.impl("matmul.out", _matmul_out, "AutogradPrivateUse1")
+    lib.impl("embedding_sparse_backward", _embedding_sparse_backward, "AutogradPrivateUse1")
+    lib.impl("_gather_sparse_backward", _gather_sparse_backward, "AutogradPrivateUse1")
     for out, functional in (
         ("out", "default"),
         ("out_tol_tensor", "tol_tensor"),
