@@ -219,3 +219,61 @@ def test_sums_of_half_updates_add_them_in_float32_as_cpu(name, dtype, dim):
         x, src = x.T.contiguous(), src.T.contiguous()
     out = run_both(lambda x, i, s: SUMS[name](x, i, s, dim), x.to(dtype), index, src.to(dtype), atol=0, rtol=0)
     assert out.dtype == dtype
+
+
+def _layouts(device):
+    """Bases of several layouts: contiguous, transposed, at an offset with a step, expanded."""
+    base = torch.arange(240.0, device=device)
+    return {
+        "contiguous": base.view(4, 5, 12),
+        "transposed": base.view(4, 5, 12).transpose(0, 2),
+        "offset_step": base[7:].view(233)[::2][:60].view(5, 12),
+        "expanded": base[:12].view(1, 12).expand(3, 12),
+    }
+
+
+def _outcome(fn):
+    try:
+        v = fn()
+    except Exception as exc:  # noqa: BLE001 - the error is compared
+        return type(exc), str(exc)
+    return tuple(v.shape), v.stride(), v.storage_offset(), v.cpu().tolist()
+
+
+def test_select_and_slice_of_every_index_are_cpus_windows():
+    """(Note [Index windows]) ``select`` and ``slice`` of ints compute their window without the
+    meta kernel: every dim, index, bound and step (in range or not) gives CPU's size, strides,
+    offset and values, or its error."""
+    cpu, tpu = _layouts("cpu"), _layouts("tpu")
+    bounds = (None, -9, -2, 0, 3, 9, 2**63 - 1)
+    for name in cpu:
+        ndim = cpu[name].dim()
+        for dim in range(-ndim - 1, ndim + 1):
+            for index in (-13, -5, -1, 0, 2, 4, 11, 12):
+                calls = [lambda t: torch.select(t, dim, index)]  # noqa: B023
+                calls += [
+                    lambda t, a=a, b=b, s=s: torch.ops.aten.slice.Tensor(t, dim, a, b, s)  # noqa: B023
+                    for a in bounds
+                    for b in bounds
+                    for s in (1, 2, 0)
+                    if index == 0
+                ]
+                for call in calls:
+                    want = _outcome(lambda: call(cpu[name]))  # noqa: B023
+                    assert _outcome(lambda: call(tpu[name])) == want, (name, dim, index)  # noqa: B023
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool, torch.complex64, torch.int8])
+def test_reading_a_window_reads_its_values(dtype):
+    """A contiguous window of a larger base is copied to the host alone (``to_cpu``): its
+    values, of every kind of storage dtype, are CPU's; a window of a base laid out with
+    strides (a transpose's storage) is read through the base."""
+    cpu = torch.arange(60.0).view(3, 4, 5).to(dtype)
+    tpu = cpu.to("tpu")
+    tpu.cpu()  # computed: the windows are read from the device's buffer
+    for window in (lambda t: t[1], lambda t: t[2, 1:3], lambda t: t[0, 3, 4], lambda t: t.view(-1)[7:9]):
+        got = window(tpu).cpu()
+        assert torch.equal(got, window(cpu)) and got.is_contiguous()
+    moved = cpu.permute(2, 0, 1).contiguous().to("tpu").permute(1, 2, 0)  # storage strides not contiguous
+    assert torch.equal(moved.contiguous()[1].cpu(), cpu[1])
+    assert torch.equal(moved[1].cpu(), cpu[1])

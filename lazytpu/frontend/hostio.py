@@ -14,7 +14,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_
 from lazytpu import _caches, _dtypes, engine_flush, runtime
 from lazytpu.engine import context
 from lazytpu.frontend.storages import DeviceStorage, device_storage, tag_storage
-from lazytpu.frontend.tensor import LazyTensor, describe, tpu_device
+from lazytpu.frontend.tensor import LazyTensor, contiguous_strides, describe, tpu_device
 from lazytpu.frontend.windows import new_tensor, view_dtype
 from lazytpu.ir import Aval, Data, Failed, Output
 
@@ -74,9 +74,17 @@ def to_cpu(t, reason: str = "cpu") -> torch.Tensor:
     """A CPU copy of a LazyTensor with its shape, strides and dtype.
 
     Copies the storage's base value and takes the tensor's window on the host
-    (Note [Views as strides]): reading a view needs no device program.
+    (Note [Views as strides]): reading a view needs no device program. A
+    contiguous window of a base laid out contiguously is copied alone: an
+    element of a million-element result (``bool(mask[i])`` in a loop) copied
+    the million.
     """
-    base = _host_base(t, reason)
+    array, dtype = _host_array(t, reason)
+    if t._lt_windowed and dtype is t.dtype and t.is_contiguous():
+        if t._lt_storage.stride == contiguous_strides(array.shape):  # its elements lie in one run of the base's
+            start = t.storage_offset()
+            return _as_torch(array.reshape(-1)[start : start + t.numel()], dtype).view(t.shape)
+    base = _as_torch(array, dtype)
     if not t._lt_windowed and t.is_contiguous():
         return base.reshape(t.shape)
     view = _host_memory(t, base).as_strided(t.shape, t.stride(), t.storage_offset())
@@ -88,6 +96,12 @@ def to_cpu(t, reason: str = "cpu") -> torch.Tensor:
 def _host_base(t, reason: str) -> torch.Tensor:
     """The value of ``t``'s storage on the host: its logical base array, in the
     dtype the storage holds (Note [Dtype views]; computed first if pending)."""
+    return _as_torch(*_host_array(t, reason))
+
+
+def _host_array(t, reason: str) -> tuple[np.ndarray, torch.dtype]:
+    """The value of ``t``'s storage as the device holds it (computed first if pending), and
+    the torch dtype its elements have (Note [Dtype views])."""
     storage = t._lt_storage
     ctx = context(t.device.index or 0)
     array = None
@@ -103,7 +117,11 @@ def _host_base(t, reason: str) -> torch.Tensor:
         with engine_flush.failures_as_torch_errors():
             array = runtime.to_host(storage.value.buffer)
     ctx.read_value_checks()  # now that the read has waited for its program (Note [Value checks])
-    dtype = t.dtype if view_dtype(t) is None else storage.value.aval.dtype  # Note [Dtype views]
+    return array, t.dtype if view_dtype(t) is None else storage.value.aval.dtype  # Note [Dtype views]
+
+
+def _as_torch(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A host array of the device's dtype as a CPU tensor of ``dtype``."""
     bits = _BITS.get(dtype)
     if bits:
         return _host_copy(array.view(_dtypes.to_jax(bits[0])), bits[0]).view(dtype)
