@@ -79,6 +79,21 @@ def main() -> None:
         lazytpu.sync()
     print(f"in-place op (x.mul_(0.5)):            {_per_op(inplace_loop, 500):6.2f} us/op")
     print(f"view op (x.t()):                      {_per_op(view_loop, 500):6.2f} us/op")
+    rows, mask = torch.randn(1 << 16, 4, device="tpu"), torch.arange(1 << 20, device="tpu") >= 0
+    lazytpu.sync()
+    start = iter(range(0, 1 << 16, 500))
+
+    def new_index_loop():  # each call indexes 500 rows not indexed before (Note [Index windows])
+        first = next(start)
+        for i in range(first, first + 500):
+            rows[i]
+
+    def element_read_loop():
+        for i in range(100):
+            bool(mask[i])
+
+    print(f"view of a new index (x[i]):           {_per_op(new_index_loop, 500):6.2f} us/op")
+    print(f"element read of 2**20 (bool(m[i])):   {_per_op(element_read_loop, 100):6.2f} us/read")
     fx, fy = _Floor((16, 16), torch.float32), _Floor((16, 16), torch.float32)
 
     def floor_loop():
