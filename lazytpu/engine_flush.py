@@ -289,7 +289,7 @@ def _program_error(exc: Exception, program) -> Exception:
         message = str(exc)  # names the op and its source (lowering/to_jax.py)
     else:
         message = f"{type(exc).__name__}: {exc}{_recorded_at(program)}"
-    if "RESOURCE_EXHAUSTED" in message or "out of memory" in message.lower():
+    if _out_of_memory(message):
         inputs = sum(k.nbytes for k in program.input_kinds if isinstance(k, Aval))
         outputs = sum(a.nbytes for a in program.output_avals)
         return torch.OutOfMemoryError(
@@ -297,6 +297,10 @@ def _program_error(exc: Exception, program) -> Exception:
             f"(inputs {inputs / 2**20:.1f} MiB, outputs {outputs / 2**20:.1f} MiB): {message}"
         )
     return RuntimeError(f"lazytpu: a deferred program failed: {message}")
+
+
+def _out_of_memory(message: str) -> bool:
+    return "RESOURCE_EXHAUSTED" in message or "out of memory" in message.lower()
 
 
 def _recorded_at(program, shown: int = 3) -> str:
@@ -354,6 +358,6 @@ def failures_as_torch_errors():
     try:
         yield
     except jax.errors.JaxRuntimeError as exc:
-        if "RESOURCE_EXHAUSTED" in str(exc):
+        if _out_of_memory(str(exc)):
             raise torch.OutOfMemoryError(f"lazytpu: out of device memory: {exc}") from exc
         raise
