@@ -93,7 +93,14 @@ def main() -> None:
             bool(mask[i])
 
     print(f"view of a new index (x[i]):           {_per_op(new_index_loop, 500):6.2f} us/op")
+    loss = x.sum()
+
+    def item_loop():  # a loss read each step
+        for _ in range(100):
+            loss.item()
+
     print(f"element read of 2**20 (bool(m[i])):   {_per_op(element_read_loop, 100):6.2f} us/read")
+    print(f"item of a computed scalar (loss):     {_per_op(item_loop, 100):6.2f} us/read")
     fx, fy = _Floor((16, 16), torch.float32), _Floor((16, 16), torch.float32)
 
     def floor_loop():

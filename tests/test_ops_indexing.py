@@ -277,3 +277,30 @@ def test_reading_a_window_reads_its_values(dtype):
     moved = cpu.permute(2, 0, 1).contiguous().to("tpu").permute(1, 2, 0)  # storage strides not contiguous
     assert torch.equal(moved.contiguous()[1].cpu(), cpu[1])
     assert torch.equal(moved[1].cpu(), cpu[1])
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.bool, torch.int8, torch.int64]
+    + [torch.uint64, torch.complex64, torch.complex32],
+)
+def test_an_elements_item_is_cpus(dtype):
+    """``item()`` reads the element from the host copy of its storage (``hostio.item``): the
+    Python number of CPU's ``item()``, its type, sign of zero and NaN, for an element of a
+    window, of a base laid out with strides, of a dtype view and of a conjugate."""
+    values = [0.0, -0.0, 1.5, -2.25, float("inf"), float("nan"), 3e38, 1e-40, 2.0**63 - 1024, 7.0]
+    cpu = torch.tensor(values, dtype=torch.float64).to(dtype).view(2, 5)
+    if dtype is torch.uint64:
+        cpu = torch.tensor([0, 1, 2**64 - 1, 2**63, 5] * 2, dtype=dtype).view(2, 5)
+    tpu = cpu.to("tpu")
+    tpu.cpu()
+    reads = [lambda t, i=i: t.view(-1)[i] for i in range(10)] + [lambda t: t.t()[3, 1], lambda t: t[1:, 2:3]]
+    reads.append(lambda t: t.t().contiguous().t()[0, 4])  # storage strides not contiguous
+    if dtype.itemsize == 4 and not dtype.is_complex:
+        reads.append(lambda t: t.view(torch.int32)[1, 2])  # a dtype view
+    if dtype.is_complex:
+        reads.append(lambda t: t.conj()[1, 1])
+    for read in reads:
+        want = read(cpu).item()
+        got = read(tpu).item()
+        assert (type(got), repr(got)) == (type(want), repr(want))

@@ -80,6 +80,21 @@ def to_cpu(t, reason: str = "cpu") -> torch.Tensor:
     the million.
     """
     array, dtype = _host_array(t, reason)
+    return _from_host(t, array, dtype)
+
+
+def item(t) -> bool | int | float | complex:
+    """``t.item()``: the element read from the host copy of ``t``'s storage, with no CPU tensor made for it
+    where numpy holds it in ``t``'s dtype (a loss read each step, ``if mask[i]:`` in a loop)."""
+    array, dtype = _host_array(t, "item")
+    if dtype is t.dtype and dtype not in _BITS and t._lt_storage.stride == contiguous_strides(array.shape):
+        if dtype is not torch.complex32 and t.numel() == 1:  # (complex32 is stored widened)
+            return array.reshape(-1)[t.storage_offset()].item()
+    return _from_host(t, array, dtype).item()
+
+
+def _from_host(t, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """``t``'s window of its storage's host ``array`` (of ``dtype``'s elements) as a CPU tensor."""
     if t._lt_windowed and dtype is t.dtype and t.is_contiguous():
         if t._lt_storage.stride == contiguous_strides(array.shape):  # its elements lie in one run of the base's
             start = t.storage_offset()

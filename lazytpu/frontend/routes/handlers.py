@@ -98,7 +98,7 @@ def copy_(func, args, kwargs):
 @handles(aten._local_scalar_dense.default)
 def local_scalar(func, args, kwargs):
     (src,) = args
-    return hostio.to_cpu(src, reason="item").item()
+    return hostio.item(src)
 
 
 # Note [Deterministic uninitialized memory]: under
