@@ -318,7 +318,32 @@ AT_CALL_CASES = {
     "randint_like_high_below_low": lambda d: torch.randint_like(_t(3).to(d), 5, 3),
     "randint_like_high_of_zero": lambda d: torch.randint_like(_t(3).to(d), 0),
     "avg_pool2d_stride_past_int": lambda d: F.avg_pool2d(_t(1, 1, 4, 4).to(d), 2, stride=2**40),
+    # PyTorch's test_foreach.py on tpu, then tests/dtype_sweep.py with complex dtypes (Note [Complex kernel checks])
+    "sub_bool_number": lambda d: torch.sub(torch.ones(3, dtype=torch.bool).to(d), True),
+    "rsub_bool_number": lambda d: True - torch.ones(3, dtype=torch.bool).to(d),
+    "foreach_sub_bool_number": lambda d: torch._foreach_sub([torch.ones(3, dtype=torch.bool).to(d)], True),
+    "maximum_complex": lambda d: torch.maximum(_c(3).to(d), _c(3).to(d)),
+    "fmin_complex": lambda d: torch.fmin(_c(3).to(d), _c(3).to(d)),
+    "max_dim_complex": lambda d: torch.max(_c(2, 3).to(d), 1),
+    "argmax_complex": lambda d: torch.argmax(_c(3).to(d)),
+    "sign_complex": lambda d: torch.sign(_c(3).to(d)),
+    "foreach_sign_complex": lambda d: torch._foreach_sign([_c(3).to(d)]),
+    "lgamma_complex": lambda d: torch.lgamma(_c(3).to(d)),
+    "lt_complex": lambda d: _c(3).to(d) < _c(3).to(d),
+    "mse_loss_complex": lambda d: F.mse_loss(_c(3).to(d), _c(3).to(d)),
+    "histc_complex": lambda d: torch.histc(_c(3).to(d)),
+    "sort_complex": lambda d: torch.sort(_c(3).to(d)),
+    "group_norm_complex": lambda d: F.group_norm(_c(2, 4, 3).to(d), 2),
+    "topk_complex": lambda d: torch.topk(_c(3).to(d), 2),
+    "randint_like_complex": lambda d: torch.randint_like(_c(3).to(d), 5),
+    "foreach_addcmul_scalars_not_contiguous": lambda d: torch._foreach_addcmul(
+        [_t(2).to(d)] * 2, [_t(2).to(d)] * 2, [_t(2).to(d)] * 2, torch.ones(4).to(d)[::2]
+    ),
 }
+
+
+def _c(*shape):
+    return torch.complex(_t(*shape), _t(*shape))
 
 
 def _twice(d):

@@ -549,3 +549,20 @@ def test_numbers_past_the_host_floats_range_give_cpus_values(name, eager_mode):
     with mode(eager_mode):
         got = cases[name](x.to("tpu")).cpu()
     torch.testing.assert_close(got, cases[name](x), equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int8, torch.float32, torch.complex64])
+@pytest.mark.parametrize("exponent", [True, False])
+def test_a_bool_exponent_is_cpus(dtype, exponent, eager_mode):
+    """CPU's ``pow`` copies its input for an exponent of True and fills ones for False, before
+    its dtype check: a bool tensor stays bool (the meta kernel made it int64, and ``pow_``
+    and ``_foreach_pow_`` refused the cast back). PyTorch's test_foreach.py on tpu."""
+    cpu = torch.tensor([0, 1, 3], dtype=torch.float32).to(dtype)
+    with mode(eager_mode):
+        tpu = cpu.to("tpu")
+        results = [torch.pow(tpu, exponent), tpu.clone().pow_(exponent), torch._foreach_pow([tpu], exponent)[0]]
+        inplace = [tpu.clone()]
+        torch._foreach_pow_(inplace, exponent)
+        for got in [*results, inplace[0]]:
+            want = torch.pow(cpu, exponent)
+            assert got.dtype == want.dtype and torch.equal(got.cpu(), want)

@@ -196,6 +196,18 @@ def _byte_target(op, at: int):
     return run
 
 
+def _bool_power(op):
+    """``op`` (``pow``/``pow_`` of a tensor and a number): a bool tensor to a bool power is CPU's copy or
+    ones, in bool; the meta kernel promotes the exponent to int64 (``pow_`` refuses the cast back)."""
+
+    def run(x, exponent):
+        if x.dtype == torch.bool and type(exponent) is bool:
+            return x if op is aten.pow_.Scalar else torch.empty_like(x)
+        return op(x, exponent)
+
+    return run
+
+
 def _nonempty_log_probs(op):
     """``op`` (a ``_ctc_loss`` overload) with CPU's check that the meta kernel skips."""
 
@@ -429,6 +441,8 @@ FIXES = {
         for op in (aten.huber_loss.default, aten.soft_margin_loss.default, aten.normal.Tensor_Tensor)
     },
     aten.addr.default: _addr,
+    aten.pow.Tensor_Scalar: _bool_power(aten.pow.Tensor_Scalar),
+    aten.pow_.Scalar: _bool_power(aten.pow_.Scalar),
     aten.nll_loss_forward.default: _byte_target(aten.nll_loss_forward.default, 1),
     aten.nll_loss_backward.default: _byte_target(aten.nll_loss_backward.default, 2),
 }

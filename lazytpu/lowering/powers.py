@@ -33,6 +33,8 @@ def _int_pow(a, b):
 
 @lowering(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 def pow_(x, y):
+    if type(y) is bool:  # CPU's kernel copies for 1 and fills ones for 0, before its dtype check (bool too)
+        return x if y else jnp.ones_like(x)
     if type(y) is int and not isinstance(x, NUMBER) and jnp.issubdtype(x.dtype, jnp.inexact):
         if x.dtype == jnp.bfloat16 and y in (3, -2):  # CPU multiplies in bfloat16, rounding each product
             square = x * x

@@ -36,6 +36,8 @@ _KERNEL_ERRORS = re.compile(
     r"|expected target dtype to be|only supports boolean masks|Converting complex Scalar to non-complex"
     r"|source tensor shape must match self tensor shape|and source \(\w+\) must have the same scalar type"
     r"|value cannot be converted to type int without overflow"  # a pooling stride or padding past int
+    r"|does not support complex|is not intended to support complex|with two bool tensors is not supported"
+    r"|handles only integral"  # random bounds of a complex tensor
 )
 
 # Errors that depend on the sizes: they decide only where the stand-ins have
@@ -148,6 +150,7 @@ _KERNEL_CHECKED = frozenset(
         "threshold",
         "add",  # a float alpha with bool tensors (meta checks it for the other integer dtypes only)
         "sub",
+        "rsub",
         "addcmul",
         "addcdiv",
         "lerp",
@@ -362,8 +365,9 @@ _CHECKED = ((_ones, 0), (_ones, 1), (_empty, 0))
 # The same for kernels that check sizes first: every dimension 1 (windows of
 # one, upsampling, adaptive pools); an empty batch (a window needs the real
 # spatial sizes); one sample; one sample beside the other tensors as they are
-# (a convolution's weight).
-_SHAPED = ((_ones, 0), (_batch(0), 0), (_batch(1), 0), (_batch(1, first_only=True), 0))
+# (a convolution's weight); then the real shapes (``topk``'s k must fit the
+# dim before its dtype is checked), up to ``_SHAPED_LIMIT``.
+_SHAPED = ((_ones, 0), (_batch(0), 0), (_batch(1), 0), (_batch(1, first_only=True), 0), (_as_they_are, 0))
 
 
 def _stand_in(shape, dtype, index):
@@ -373,6 +377,24 @@ def _stand_in(shape, dtype, index):
 
 
 _FLOAT8 = frozenset({torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz})
+
+# Note [Complex kernel checks]: CPU's kernels lack complex dtypes in a long
+# tail of ops (comparisons, ``maximum``, ``sign``, ``lgamma``, ``erf``, sorts,
+# norms, activations, losses) whose lowerings would compute or fail in the
+# program: a call with a complex operand runs the check whatever its family
+# (once per call signature), as float8 ones do. ``nansum`` is left out:
+# CUDA's kernel sums complex values (CPU's message says "on CPU").
+_COMPLEX_CUDA_COMPUTES = frozenset({"nansum"})
+
+
+def _asks_every_op(values, family: str) -> bool:
+    """Whether an operand's dtype makes every op run its kernel check (Note [Complex kernel checks])."""
+    for v in values:
+        if type(v) is not Scalar and (
+            v.dtype in _FLOAT8 or v.dtype.is_complex and family not in _COMPLEX_CUDA_COMPUTES
+        ):
+            return True
+    return False
 
 
 # Note [CUDA's histc]: CUDA's ``histc`` counts integer inputs (in their
@@ -401,16 +423,17 @@ def check_kernel_dtypes(func, template, values) -> None:
     403 cases before the one-element and shaped stand-ins, none after."""
 
     family = func._schema.name.split("::")[-1]
-    if family == "histc" and not values[0].dtype.is_floating_point and values[0].dtype is not torch.bool:
-        return  # Note [CUDA's histc]
+    if family == "histc" and not (values[0].dtype.is_floating_point or values[0].dtype.is_complex):
+        if values[0].dtype is not torch.bool:
+            return  # Note [CUDA's histc]
     if family in _KERNEL_CHECKED or family in _INDEX_CHECKED or family in _DIM_CHECKED:
         stand_ins = _CHECKED
     elif family in _KERNEL_CHECKED_ON_SHAPES:
         stand_ins = _SHAPED
     elif family in _CHECKED_ON_REAL_SHAPES:
         stand_ins = ((_as_they_are, 0),)
-    elif any(type(v) is not Scalar and v.dtype in _FLOAT8 for v in values):
-        stand_ins = _CHECKED  # CPU computes few ops in float8 (casts, copies, indexing): every op asks
+    elif _asks_every_op(values, family):  # CPU computes few ops in float8 (casts, copies, indexing): every op asks
+        stand_ins = (*_CHECKED, (_as_they_are, 0))  # the real shapes last: a group norm's groups must divide
     else:
         return  # some CPU kernels crash (SIGFPE) on zero-size inputs: only known-safe families run
     tensors = [v for v in values if type(v) is not Scalar]

@@ -118,11 +118,13 @@ def _packed_scalars_at(func) -> int | None:
 
 
 def _check_packed_scalars(func, args, kwargs) -> None:
-    """torch's checks of a packed ``scalars`` tensor: one dimension, one scalar per list element."""
+    """torch's checks of a packed ``scalars`` tensor: contiguous, one dimension, one scalar per list element."""
     at = _packed_scalars_at(func)
     if at is None:
         return
     scalars = args[at] if at < len(args) else kwargs["scalars"]
+    if not scalars.is_contiguous():
+        raise RuntimeError("Expected scalars to be contiguous.")
     if scalars.dim() != 1:
         raise RuntimeError(f"Expected packed scalar Tensor to be of dimension 1. Got {scalars.dim()} instead.")
     if scalars.numel() != len(args[0]):
