@@ -397,6 +397,10 @@ def _asks_every_op(values, family: str) -> bool:
     return False
 
 
+_INTEGERS = frozenset(
+    {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64}
+)
+
 # Note [CUDA's histc]: CUDA's ``histc`` counts integer inputs (in their
 # dtype), CPU's refuses them. transformers' MoE layers count the tokens of each
 # expert with an int32 ``histc`` on every device but CPU and MPS (CUDA's
@@ -423,9 +427,8 @@ def check_kernel_dtypes(func, template, values) -> None:
     403 cases before the one-element and shaped stand-ins, none after."""
 
     family = func._schema.name.split("::")[-1]
-    if family == "histc" and not (values[0].dtype.is_floating_point or values[0].dtype.is_complex):
-        if values[0].dtype is not torch.bool:
-            return  # Note [CUDA's histc]
+    if family == "histc" and values[0].dtype in _INTEGERS:
+        return  # Note [CUDA's histc]
     if family in _KERNEL_CHECKED or family in _INDEX_CHECKED or family in _DIM_CHECKED:
         stand_ins = _CHECKED
     elif family in _KERNEL_CHECKED_ON_SHAPES:
