@@ -328,6 +328,11 @@ AT_CALL_CASES = {
     "argmax_complex": lambda d: torch.argmax(_c(3).to(d)),
     "sign_complex": lambda d: torch.sign(_c(3).to(d)),
     "foreach_sign_complex": lambda d: torch._foreach_sign([_c(3).to(d)]),
+    # CPU's foreach loop skips the element op's complex check (Note [Foreach errors of complex lists])
+    "foreach_maximum_complex": lambda d: torch._foreach_maximum([_c(3).to(d)], [_c(3).to(d)]),
+    "foreach_minimum_complex_in_place": lambda d: torch._foreach_minimum_(
+        [_c(2).to(d), _c(3).to(d)], [_c(2).to(d), _c(3).to(d)]
+    ),
     "lgamma_complex": lambda d: torch.lgamma(_c(3).to(d)),
     "lt_complex": lambda d: _c(3).to(d) < _c(3).to(d),
     "mse_loss_complex": lambda d: F.mse_loss(_c(3).to(d), _c(3).to(d)),

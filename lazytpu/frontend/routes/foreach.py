@@ -12,6 +12,7 @@ import torch
 from lazytpu import _caches
 from lazytpu.engine import context
 from lazytpu.frontend import metas, record
+from lazytpu.frontend.checks.probe import cpu_error, split
 from lazytpu.frontend.routes.inplace import functional_args
 from lazytpu.frontend.schema import functional_of, is_inplace, view_kind
 from lazytpu.frontend.tensor import LazyTensor
@@ -138,6 +139,32 @@ def run_foreach(func, args, kwargs):
     call per list element. Returns the list of results (None for in-place ops),
     or NotImplemented when ``func`` applies no known element op."""
     _check_packed_scalars(func, args, kwargs)
+    try:
+        return _run_foreach(func, args, kwargs)
+    except RuntimeError as exc:
+        error = _complex_list_error(func, args, kwargs, exc)
+        if error is None:
+            raise
+    raise error[0](error[1].replace("_cpu", "_tpu"))
+
+
+# Note [Foreach errors of complex lists]: CPU's foreach loop runs the element
+# kernel's dtype dispatch without the element op's own complex check: ``_foreach_maximum`` of complex lists raises NotImplementedError
+# '"maximum_cpu" not implemented for 'ComplexFloat'' where ``torch.maximum``
+# raises RuntimeError "maximum not implemented for complex tensors.". An
+# element's error in a call with a complex tensor is replaced by the foreach
+# op's own, from one-element CPU stand-ins, where its type differs.
+
+
+def _complex_list_error(func, args, kwargs, exc: RuntimeError) -> tuple[type, str] | None:
+    template, values = split(args, kwargs)
+    if not any(v.is_complex() for v in values):
+        return None
+    error = cpu_error(func, template, values, lambda v: torch.ones((1,) * v.dim(), dtype=v.dtype))
+    return None if error is None or error[0] is type(exc) else error
+
+
+def _run_foreach(func, args, kwargs):
     element = element_op(func)
     inplace = is_inplace(func)
     if element is None and inplace and functional_of(func) is not None:
