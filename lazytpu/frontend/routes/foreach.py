@@ -149,7 +149,8 @@ def run_foreach(func, args, kwargs):
 
 
 # Note [Foreach errors of complex lists]: CPU's foreach loop runs the element
-# kernel's dtype dispatch without the element op's own complex check: ``_foreach_maximum`` of complex lists raises NotImplementedError
+# kernel's dtype dispatch without the element op's own complex check:
+# ``_foreach_maximum`` of complex lists raises NotImplementedError
 # '"maximum_cpu" not implemented for 'ComplexFloat'' where ``torch.maximum``
 # raises RuntimeError "maximum not implemented for complex tensors.". An
 # element's error in a call with a complex tensor is replaced by the foreach
