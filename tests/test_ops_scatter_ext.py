@@ -89,6 +89,11 @@ CASES = {
         lambda: (torch.tensor([0.0, 1.0, 1.5, 2.0, 2.0, 3.0]), torch.rand(6)),
     ),
     "histogram_empty": (lambda x: torch.histogram(x, 3), lambda: (torch.empty(0),)),
+    # bin edges as a tensor: the kernel check's one-element stand-in of the edges raised "bins must be > 0"
+    "histogram_edges": (
+        lambda x, e: [torch.histogram(x, e), torch.histogram(x[0, 0], e, density=True)],
+        lambda: (torch.randn(4, 25), torch.linspace(-2, 2, 9)),
+    ),
     "histogramdd": (
         lambda x: torch.histogramdd(x, [2, 3], range=[0.0, 1.0, -1.0, 1.0]),
         lambda: (torch.rand(20, 2) * 2 - 0.5,),

@@ -97,7 +97,6 @@ _KERNEL_CHECKED = frozenset(
         "_scaled_dot_product_efficient_attention",
         "_scaled_dot_product_fused_attention_overrideable",
         "_fft_r2c",
-        "histogram",
         "_histogramdd_bin_edges",
         "_histogramdd_from_bin_cts",
         "segment_reduce",
@@ -245,7 +244,10 @@ _DIM_CHECKED = frozenset(
 # index past the end, a source of another size than the slice it fills: the
 # lowering clamped the index, or wrote a part), checked on stand-ins of the
 # real shapes, as far as ``_SHAPED_LIMIT``.
-_CHECKED_ON_REAL_SHAPES = frozenset({"select_scatter", "slice_scatter", "diagonal_scatter"})
+_CHECKED_ON_REAL_SHAPES = frozenset(
+    # ``histogram``: a bins tensor of one element is no bin ("bins must be > 0"); the edges must keep their count
+    {"select_scatter", "slice_scatter", "diagonal_scatter", "histogram"}
+)
 
 
 def _attention_on_cpu(query, key, value, attn_bias=None, *args, scale=None, **kwargs):
