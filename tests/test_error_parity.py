@@ -339,6 +339,21 @@ AT_CALL_CASES = {
     "histc_complex": lambda d: torch.histc(_c(3).to(d)),
     "sort_complex": lambda d: torch.sort(_c(3).to(d)),
     "group_norm_complex": lambda d: F.group_norm(_c(2, 4, 3).to(d), 2),
+    # a complex input with real parameters: the mixed dtype check comes first
+    "group_norm_complex_real_weight": lambda d: F.group_norm(_c(2, 4, 3).to(d), 2, _t(4).to(d), _t(4).to(d)),
+    # parameters of another dtype than the input: only a half input with float parameters is taken
+    "group_norm_bf16_weight": lambda d: F.group_norm(_t(2, 4, 3).to(d), 2, _t(4, dtype=torch.bfloat16).to(d)),
+    "layer_norm_float64_float_weight": lambda d: F.layer_norm(_t(2, 3, dtype=torch.float64).to(d), (3,), _t(3).to(d)),
+    "batch_norm_half_weight": lambda d: F.batch_norm(
+        _t(2, 4, 3).to(d), _t(4).to(d), _t(4).abs().to(d), _t(4, dtype=torch.float16).to(d)
+    ),
+    "batch_norm_training_bf16_statistics": lambda d: F.batch_norm(
+        _t(2, 4, 3, dtype=torch.float16).to(d), _t(4, dtype=torch.bfloat16).to(d), _t(4).abs().to(d), training=True
+    ),
+    "batch_norm_running_mean_alone": lambda d: F.batch_norm(_t(2, 4, 3).to(d), _t(4).to(d), None, training=True),
+    "instance_norm_float64_weight": lambda d: F.instance_norm(
+        _t(2, 4, 3).to(d), weight=_t(4, dtype=torch.float64).to(d)
+    ),
     "topk_complex": lambda d: torch.topk(_c(3).to(d), 2),
     "randint_like_complex": lambda d: torch.randint_like(_c(3).to(d), 5),
     "foreach_addcmul_scalars_not_contiguous": lambda d: torch._foreach_addcmul(

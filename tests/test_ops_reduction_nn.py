@@ -19,7 +19,7 @@ import attrs
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import MODES, mode, no_fallback, run_both
+from conftest import MODES, mode, no_fallback, run_both, tolerance
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -525,3 +525,58 @@ def test_variance_of_everything_centers_on_the_float32_mean_as_cpu():
     x = torch.randn(1000, generator=torch.Generator().manual_seed(1)) * 1e-3 - 100
     for fn in (torch.var, torch.std, lambda t: t.reshape(10, 100).var(dim=(0, 1), correction=0)):
         torch.testing.assert_close(fn(x.to("tpu")).cpu(), fn(x), rtol=2e-7, atol=0)
+
+
+# CPU's layer norm of a half input rounds the float32 gradients of its float32
+# parameters to the input's precision (the bias gradient, a sum of bfloat16
+# values, comes out a bfloat16 number); tpu sums them in float32, as CUDA's
+# kernel accumulates: 1.6e-7 from the float64 gradients, CPU's 4e-3.
+_HALF_INPUT_NORMS = {
+    "group_norm": (lambda x, w, b: F.group_norm(x, 2, w, b), False),
+    "layer_norm": (lambda x, w, b: F.layer_norm(x, (3,), w[:3], b[:3]), True),
+    "batch_norm_training": (
+        lambda x, w, b: F.batch_norm(x, b.detach().clone(), w.detach().abs(), w, b, training=True),
+        False,
+    ),
+    "batch_norm": (lambda x, w, b: F.batch_norm(x, b.detach(), w.detach().abs(), w, b), False),
+    "instance_norm": (lambda x, w, b: F.instance_norm(x, weight=w, bias=b), False),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", sorted(_HALF_INPUT_NORMS))
+def test_norms_of_a_half_input_take_float_parameters(name, dtype, eager_mode):
+    """CPU's norms take float32 parameters with a bfloat16 or float16 input
+    (and refuse other mixes: test_error_parity's ``*_norm_*`` cases), and save
+    float32 statistics: the backward's parameter gradients are float32 ones
+    (Note [CPU norm statistics]; tpu rounded the statistics to the input's
+    dtype, and the weight gradients were 7.5e-3 off)."""
+    norm, cpu_rounds = _HALF_INPUT_NORMS[name]
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 3).to(dtype).requires_grad_()
+    w, b = torch.randn(4).requires_grad_(), torch.randn(4).requires_grad_()
+    with no_fallback():
+        run_both(norm, x, w, b, mode_name=eager_mode, grad=True, **(tolerance(dtype) if cpu_rounds else {}))
+
+
+@pytest.mark.parametrize("parameters", [None, torch.bfloat16, torch.float32])
+def test_norm_statistics_of_a_bfloat16_input_are_cpus(parameters):
+    """The saved mean and inverse std: bfloat16 ones, and float32 ones beside
+    float32 parameters (Note [CPU norm statistics])."""
+    x = torch.randn(2, 4, 3).bfloat16()
+    w = None if parameters is None else torch.randn(4).to(parameters)
+
+    def statistics(d):
+        wd = None if w is None else w.to(d)
+        return [
+            torch.native_group_norm(x.to(d), wd, None, 2, 4, 3, 2, 1e-5),
+            torch.native_layer_norm(x.to(d), (3,), None if w is None else w[:3].to(d), None, 1e-5),
+            torch.native_batch_norm(x.to(d), wd, None, None, None, True, 0.1, 1e-5),
+        ]
+
+    with no_fallback():
+        on_tpu = statistics("tpu")
+    for tpu_out, cpu_out in zip(on_tpu, statistics("cpu"), strict=True):
+        for t, c in zip(tpu_out, cpu_out, strict=True):
+            assert t.dtype == c.dtype
+            torch.testing.assert_close(t.cpu(), c, **tolerance(torch.bfloat16))

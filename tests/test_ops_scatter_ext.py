@@ -94,6 +94,16 @@ CASES = {
         lambda x, e: [torch.histogram(x, e), torch.histogram(x[0, 0], e, density=True)],
         lambda: (torch.randn(4, 25), torch.linspace(-2, 2, 9)),
     ),
+    # an empty index of any dtype is taken (torch checks the dtype of a non-empty one); the complex kernel
+    # check's one-element stand-in of the index raised "Expected dtype int32/int64 for index"
+    "gather_empty_byte_index_complex": (
+        lambda x, i: torch.gather(x, 0, i),
+        lambda: (torch.randn(2, 4, 3, dtype=torch.complex64), torch.empty(0, 4, 3, dtype=torch.uint8)),
+    ),
+    "scatter_empty_byte_index_complex": (
+        lambda x, i: [x.scatter(1, i, x), x.scatter_add(0, i, x), x.scatter(0, i, 2.0)],
+        lambda: (torch.randn(2, 4, 3, dtype=torch.complex64), torch.empty(0, 4, 3, dtype=torch.uint8)),
+    ),
     "histogramdd": (
         lambda x: torch.histogramdd(x, [2, 3], range=[0.0, 1.0, -1.0, 1.0]),
         lambda: (torch.rand(20, 2) * 2 - 0.5,),
