@@ -1,15 +1,18 @@
-"""Mixed-dtype parity: ops that CPU torch computes with floating operands of two dtypes, does ``tpu`` match?
+"""Mixed-dtype parity: ops given floating operands of two dtypes, does ``tpu`` compute or refuse them as CPU torch?
 
     python tests/mixed_sweep.py [NAME ...]        (make mixed-sweep)
 
 For every OpInfo entry that supports float32 on CPU, each of its first three
 float32 samples with two or more floating tensors is run three ways: the
-other tensors in float64, in bfloat16, and the first in float64. Where CPU
-torch accepts the call, a line is printed for each case where ``tpu`` raises,
-gives another dtype or shape, or other values (beyond bfloat16's or float32's
-rounding), then the count. Expected differences: random ops (``normal``...)
-print value lines. Not part of the test suite: a survey for the next fix
-(tests/test_mixed_dtypes.py holds the fixed cases).
+other tensors in float64, in bfloat16, and the first in float64. A line is
+printed for each case where ``tpu`` raises where CPU torch computes, gives
+another dtype or shape, or other values (beyond bfloat16's or float32's
+rounding), or computes where CPU raises (or raises another error type), then
+the count. Expected differences: random ops (``normal``...)
+print value lines. Samples with sparse tensors are skipped (they stay on
+CPU). Not part of the test suite: a survey for the next fix
+(tests/test_mixed_dtypes.py holds the fixed cases, test_error_parity.py the
+refused ones).
 """
 
 from __future__ import annotations
@@ -65,6 +68,29 @@ def _difference(expected, actual) -> str | None:
     return None
 
 
+def _first_line(exc) -> str:
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}"
+
+
+def _compare(op, mixed) -> str | None:
+    """What differs on tpu: values where CPU computes, a computed value or another error type where it raises."""
+    try:
+        expected = _run(op, mixed, "cpu")
+    except Exception as exc:  # noqa: BLE001 - CPU rejects the mix: tpu must too
+        refused = exc
+    else:
+        refused = None
+    try:
+        actual = _run(op, mixed, "tpu")
+    except Exception as exc:  # noqa: BLE001 - an error where CPU computes, or another one
+        if refused is None or type(refused) is not type(exc):
+            return f"{_first_line(exc)}; CPU {_first_line(refused) if refused else 'computes'}"
+        return None
+    if refused is not None:
+        return f"computes; CPU raises {_first_line(refused)}"
+    return _difference(expected, actual)
+
+
 def differences(names=()):
     """Yield ``(op name, variant, sample index, case, what differs)``."""
     for op in op_db:
@@ -77,18 +103,13 @@ def differences(names=()):
         except Exception:  # noqa: BLE001 - entries that cannot make samples here
             continue
         for index, sample in enumerate(samples):
-            if len(_floats([sample.input, sample.args, sample.kwargs])) < 2:
+            leaves = torch.utils._pytree.tree_leaves([sample.input, sample.args, sample.kwargs])
+            if any(isinstance(t, torch.Tensor) and t.layout != torch.strided for t in leaves):
+                continue  # sparse tensors stay on CPU (documented)
+            if len(_floats(leaves)) < 2:
                 continue
             for case, other in VARIANTS:
-                mixed = _mixed(sample, other)
-                try:
-                    expected = _run(op, mixed, "cpu")
-                except Exception:  # noqa: BLE001 - CPU rejects the mix: nothing to compare
-                    continue
-                try:
-                    found = _difference(expected, _run(op, mixed, "tpu"))
-                except Exception as exc:  # noqa: BLE001 - an error where CPU computes
-                    found = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+                found = _compare(op, _mixed(sample, other))
                 if found:
                     yield op.name, op.variant_test_name, index, case, found
 

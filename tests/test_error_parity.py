@@ -351,6 +351,21 @@ AT_CALL_CASES = {
         _t(2, 4, 3, dtype=torch.float16).to(d), _t(4, dtype=torch.bfloat16).to(d), _t(4).abs().to(d), training=True
     ),
     "batch_norm_running_mean_alone": lambda d: F.batch_norm(_t(2, 4, 3).to(d), _t(4).to(d), None, training=True),
+    "native_batch_norm_legit_bf16_weight": lambda d: torch.ops.aten._native_batch_norm_legit(
+        _t(2, 4, 3).to(d), _t(4, dtype=torch.bfloat16).to(d), None, _t(4).to(d), _t(4).abs().to(d), True, 0.1, 1e-5
+    ),
+    "embedding_bag_float64_per_sample_weights": lambda d: F.embedding_bag(
+        torch.tensor([0, 2, 1]).to(d),
+        _t(3, 2).to(d),
+        torch.tensor([0, 1]).to(d),
+        mode="sum",
+        per_sample_weights=_t(3, dtype=torch.float64).to(d),
+    ),
+    "histogramdd_float64_bins": lambda d: torch.histogramdd(
+        _t(5, 2).to(d), [torch.linspace(-1, 1, 3, dtype=torch.float64).to(d)] * 2
+    ),
+    # an empty operand: the kernel check runs on the real shapes first (gather takes an empty index of any dtype)
+    "mm_empty_float64": lambda d: torch.mm(_t(0, 5).to(d), _t(5, 4, dtype=torch.float64).to(d)),
     "instance_norm_float64_weight": lambda d: F.instance_norm(
         _t(2, 4, 3).to(d), weight=_t(4, dtype=torch.float64).to(d)
     ),

@@ -40,6 +40,7 @@ _KERNEL_ERRORS = re.compile(
     r"|handles only integral"  # random bounds of a complex tensor
     r"|mixed dtype \(CPU\)"  # a norm's parameters of another dtype than its input (CUDA refuses them too)
     r"|must either both be None or neither be None"  # a batch norm's running statistics
+    r"|to have the same type as tensor for argument|bins tensors should have the same dtype"
 )
 
 # Errors that depend on the sizes: they decide only where the stand-ins have
@@ -102,6 +103,14 @@ _KERNEL_CHECKED = frozenset(
         "_histogramdd_bin_edges",
         "_histogramdd_from_bin_cts",
         "segment_reduce",
+        # batch norm: its parameters and statistics of one size, the input's channels (the kernel trusts them)
+        "native_batch_norm",
+        "_native_batch_norm_legit",  # the forms of export and AOT graphs
+        "_native_batch_norm_legit_no_training",
+        "_native_batch_norm_legit_functional",
+        "_batch_norm_with_update",
+        "_embedding_bag",  # per-sample weights of another dtype than the weight (_CPU_KERNELS)
+        "_embedding_bag_forward_only",
         # random ops: their draws on the stand-ins leave the CPU generator as it was
         "uniform",
         "bernoulli",
@@ -248,7 +257,7 @@ _DIM_CHECKED = frozenset(
 # real shapes, as far as ``_SHAPED_LIMIT``.
 _CHECKED_ON_REAL_SHAPES = frozenset(
     # ``histogram``: a bins tensor of one element is no bin ("bins must be > 0"); the edges must keep their count
-    {"select_scatter", "slice_scatter", "diagonal_scatter", "histogram"}
+    {"select_scatter", "slice_scatter", "diagonal_scatter", "histogram", "_histogramdd_from_bin_tensors"}
 )
 
 
@@ -259,6 +268,16 @@ def _attention_on_cpu(query, key, value, attn_bias=None, *args, scale=None, **kw
 def _group_norm_on_cpu(x, weight, bias, n, c, hxw, group, eps):
     # the stand-in's own sizes: the kernel trusts N, C and HxW, and would read past a smaller stand-in
     return torch.ops.aten.native_group_norm(x, weight, bias, x.shape[0], x.shape[1], math.prod(x.shape[2:]), group, eps)
+
+
+def _embedding_bag_dtypes(
+    weight, indices, offsets, scale_grad=False, mode=0, sparse=False, per_sample_weights=None, *a
+):
+    # one bag of one index, whatever the stand-ins: the kernel trusts its offsets (it crashed on an empty stand-in)
+    one_weight = torch.ones(1, 1, dtype=weight.dtype)
+    index, offset = torch.zeros(1, dtype=indices.dtype), torch.zeros(1, dtype=offsets.dtype)
+    scale = None if per_sample_weights is None else torch.ones(1, dtype=per_sample_weights.dtype)
+    return torch.ops.aten._embedding_bag(one_weight, index, offset, False, mode, False, scale)
 
 
 def _var_of_all(x, *args, **kwargs):
@@ -275,6 +294,8 @@ _CPU_KERNELS = {
     "_scaled_dot_product_efficient_attention": _attention_on_cpu,
     "_scaled_dot_product_fused_attention_overrideable": _attention_on_cpu,
     "native_group_norm": _group_norm_on_cpu,
+    "_embedding_bag": _embedding_bag_dtypes,
+    "_embedding_bag_forward_only": _embedding_bag_dtypes,
     "std": _var_of_all,
     "var": _var_of_all,
 }
@@ -329,9 +350,8 @@ _KERNEL_CHECKED_ON_SHAPES = frozenset(
         "replication_pad2d",
         "replication_pad3d",
         "multilabel_margin_loss_forward",
-        "native_layer_norm",  # a norm's input and parameters: the parameters keep their sizes
+        "native_layer_norm",  # a norm's parameters keep their sizes: the input's last ones, its channels
         "native_group_norm",
-        "native_batch_norm",
         "topk",
         "kthvalue",
         "linalg_cross",
@@ -455,14 +475,15 @@ def check_kernel_dtypes(func, template, values) -> None:
     tensors = [v for v in values if type(v) is not Scalar]
     if not tensors:
         return
-    exact = all(v.numel() == 0 for v in tensors)  # empty inputs: the real call costs nothing, and decides
+    shapes = [tuple(v.shape) for v in tensors]
+    exact = all(0 in s for s in shapes)  # empty inputs: the real call costs nothing, and decides
     if exact:
         stand_ins = ((_as_they_are, 0),)
-    shapes = [tuple(v.shape) for v in tensors]
+    elif any(0 in s for s in shapes):  # kernels skip some checks of an empty operand (gather's index dtype)
+        stand_ins = ((_as_they_are, 0), *stand_ins)  # the real shapes first, as far as _SHAPED_LIMIT
     kernel = _CPU_KERNELS.get(family, func)
     for make, index in stand_ins:
-        # an operand empty in the call stays empty: kernels skip some checks of empty ones (gather's index dtype)
-        made = [s if 0 in s else m for s, m in zip(shapes, make(shapes), strict=True)]
+        made = make(shapes)
         count = sum(math.prod(s) for s in made)
         if count > _SHAPED_LIMIT:
             continue
