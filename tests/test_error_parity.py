@@ -366,6 +366,12 @@ AT_CALL_CASES = {
     ),
     # an empty operand: the kernel check runs on the real shapes first (gather takes an empty index of any dtype)
     "mm_empty_float64": lambda d: torch.mm(_t(0, 5).to(d), _t(5, 4, dtype=torch.float64).to(d)),
+    # factories in dtypes CPU's kernels lack (their meta kernels take any)
+    "arange_bool": lambda d: torch.arange(4, dtype=torch.bool, device=d),
+    "arange_complex": lambda d: torch.arange(0, 4, 2, dtype=torch.complex64, device=d),
+    "arange_uint32": lambda d: torch.arange(0.5, 4, dtype=torch.uint32, device=d),
+    "kaiser_window_complex": lambda d: torch.kaiser_window(4, dtype=torch.complex128, device=d),
+    "geometric_uint16": lambda d: torch.zeros(3, dtype=torch.uint16, device=d).geometric_(0.5),
     "instance_norm_float64_weight": lambda d: F.instance_norm(
         _t(2, 4, 3).to(d), weight=_t(4, dtype=torch.float64).to(d)
     ),

@@ -124,6 +124,7 @@ _KERNEL_CHECKED = frozenset(
         "_sample_dirichlet",
         "_standard_gamma_grad",
         "_dirichlet_grad",
+        "geometric",
         "bitwise_and",
         "bitwise_or",
         "bitwise_xor",
@@ -440,6 +441,24 @@ _INTEGERS = frozenset(
 # deterministic kernel takes integers only), so tpu takes them as CUDA does.
 
 
+# Factories whose CPU kernels lack dtypes that meta kernels take (``torch.arange(4, dtype=torch.bool)``):
+# the same factory's smallest call in the call's dtype.
+_FACTORY_PROBES = {
+    "arange": lambda dtype: torch.arange(1, dtype=dtype),
+    "kaiser_window": lambda dtype: torch.kaiser_window(2, dtype=dtype),
+}
+
+
+def _check_factory_dtype(family, template, values) -> None:
+    dtype = fill(template, values)[1].get("dtype")
+    if dtype is None:
+        return  # the default dtype, or one inferred from the numbers: CPU's kernels take those
+    try:
+        _FACTORY_PROBES[family](dtype)
+    except NotImplementedError as exc:
+        raise NotImplementedError(str(exc).replace("_cpu", "_tpu")) from None
+
+
 def check_kernel_dtypes(func, template, values) -> None:
     """Note [Kernel checks]: meta kernels skip some checks real kernels make
     (dtype support, mixed dtypes in mm, dim wrapping in softmax). Once per call
@@ -460,6 +479,8 @@ def check_kernel_dtypes(func, template, values) -> None:
     403 cases before the one-element and shaped stand-ins, none after."""
 
     family = func._schema.name.split("::")[-1]
+    if family in _FACTORY_PROBES:
+        return _check_factory_dtype(family, template, values)
     if family == "histc" and values[0].dtype in _INTEGERS:
         return  # Note [CUDA's histc]
     if family in _KERNEL_CHECKED or family in _INDEX_CHECKED or family in _DIM_CHECKED:
