@@ -1,10 +1,12 @@
 """Mixed-dtype parity: ops given floating operands of two dtypes, does ``tpu`` compute or refuse them as CPU torch?
 
-    python tests/mixed_sweep.py [NAME ...]        (make mixed-sweep)
+    python tests/mixed_sweep.py [--complex] [NAME ...]        (make mixed-sweep)
 
 For every OpInfo entry that supports float32 on CPU, each of its first three
 float32 samples with two or more floating tensors is run three ways: the
-other tensors in float64, in bfloat16, and the first in float64. A line is
+other tensors in float64, in bfloat16, and the first in float64
+(``--complex``: complex64 samples with two complex tensors, the others in
+complex128 or float32, the first in complex128). A line is
 printed for each case where ``tpu`` raises where CPU torch computes, gives
 another dtype or shape, or other values (beyond bfloat16's or float32's
 rounding), or computes where CPU raises (or raises another error type), then
@@ -25,26 +27,35 @@ from torch.testing._internal.common_methods_invocations import op_db
 
 import lazytpu  # noqa: F401  (registers the tpu device)
 
-VARIANTS = (("others_float64", torch.float64), ("others_bfloat16", torch.bfloat16), ("first_float64", None))
+# Per sample dtype: (case, the first tensor's dtype, the other tensors' dtype), None where it stays.
+VARIANTS = {
+    torch.float32: (
+        ("others_float64", None, torch.float64),
+        ("others_bfloat16", None, torch.bfloat16),
+        ("first_float64", torch.float64, None),
+    ),
+    torch.complex64: (
+        ("others_complex128", None, torch.complex128),
+        ("first_complex128", torch.complex128, None),
+        ("others_float32", None, torch.float32),  # their real parts
+    ),
+}
 
 
-def _floats(x) -> list:
-    leaves = torch.utils._pytree.tree_leaves(x)
-    return [t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
+def _kind(dtype):
+    return torch.Tensor.is_complex if dtype.is_complex else torch.Tensor.is_floating_point
 
 
-def _mixed(sample, other):
-    """``sample`` with its first floating tensor in float64 (``other`` None) or the rest in ``other``."""
+def _mixed(sample, kind, first_dtype, other_dtype):
+    """``sample`` with its first ``kind`` tensor in ``first_dtype``, the others in ``other_dtype``."""
     seen = []
 
     def cast(t):
-        if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
+        if not (isinstance(t, torch.Tensor) and kind(t)):
             return t
-        first = not seen
+        dtype = other_dtype if seen else first_dtype
         seen.append(t)
-        if other is None:
-            return t.double() if first else t
-        return t if first else t.to(other)
+        return t if dtype is None else (t.real if t.is_complex() and not dtype.is_complex else t).to(dtype)
 
     return sample.transform(cast)
 
@@ -91,25 +102,24 @@ def _compare(op, mixed) -> str | None:
     return _difference(expected, actual)
 
 
-def differences(names=()):
-    """Yield ``(op name, variant, sample index, case, what differs)``."""
+def differences(names=(), dtype=torch.float32):
+    """Yield ``(op name, variant, sample index, case, what differs)`` for samples of ``dtype``."""
+    kind = _kind(dtype)
     for op in op_db:
         if names and op.name not in names:
             continue
         try:
-            samples = (
-                list(op.sample_inputs("cpu", torch.float32))[:3] if torch.float32 in op.supported_dtypes("cpu") else []
-            )
+            samples = list(op.sample_inputs("cpu", dtype))[:3] if dtype in op.supported_dtypes("cpu") else []
         except Exception:  # noqa: BLE001 - entries that cannot make samples here
             continue
         for index, sample in enumerate(samples):
             leaves = torch.utils._pytree.tree_leaves([sample.input, sample.args, sample.kwargs])
             if any(isinstance(t, torch.Tensor) and t.layout != torch.strided for t in leaves):
                 continue  # sparse tensors stay on CPU (documented)
-            if len(_floats(leaves)) < 2:
+            if sum(1 for t in leaves if isinstance(t, torch.Tensor) and kind(t)) < 2:
                 continue
-            for case, other in VARIANTS:
-                found = _compare(op, _mixed(sample, other))
+            for case, first_dtype, other_dtype in VARIANTS[dtype]:
+                found = _compare(op, _mixed(sample, kind, first_dtype, other_dtype))
                 if found:
                     yield op.name, op.variant_test_name, index, case, found
 
@@ -117,7 +127,9 @@ def differences(names=()):
 def main() -> int:
     warnings.simplefilter("ignore")
     count = 0
-    for name, variant, index, case, found in differences(set(sys.argv[1:])):
+    names = [a for a in sys.argv[1:] if a != "--complex"]
+    dtype = torch.complex64 if "--complex" in sys.argv else torch.float32
+    for name, variant, index, case, found in differences(set(names), dtype):
         print(f"{name}{'.' + variant if variant else ''} sample {index} {case}: {found}", flush=True)
         count += 1
     print(f"{count} differences")
