@@ -3,10 +3,10 @@
     python tests/mixed_sweep.py [--complex] [NAME ...]        (make mixed-sweep)
 
 For every OpInfo entry that supports float32 on CPU, each of its first three
-float32 samples with two or more floating tensors is run three ways: the
-other tensors in float64, in bfloat16, and the first in float64
-(``--complex``: complex64 samples with two complex tensors, the others in
-complex128 or float32, the first in complex128). A line is
+float32 samples with two or more floating tensors is run five ways: the
+other tensors in float64, bfloat16, float16 or int64, and the first in
+float64 (``--complex``: complex64 samples with two complex tensors, the
+others in complex128 or float32, the first in complex128). A line is
 printed for each case where ``tpu`` raises where CPU torch computes, gives
 another dtype or shape, or other values (beyond bfloat16's or float32's
 rounding), or computes where CPU raises (or raises another error type), then
@@ -33,6 +33,8 @@ VARIANTS = {
         ("others_float64", None, torch.float64),
         ("others_bfloat16", None, torch.bfloat16),
         ("first_float64", torch.float64, None),
+        ("others_int64", None, torch.int64),  # their values truncated
+        ("others_float16", None, torch.float16),
     ),
     torch.complex64: (
         ("others_complex128", None, torch.complex128),
