@@ -32,6 +32,11 @@ DTYPES = (
     torch.float64,
     torch.complex64,
     torch.complex128,
+    torch.uint16,  # CPU computes few ops in these (Note [Complex kernel checks])
+    torch.uint32,
+    torch.uint64,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
 )
 
 

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import mode
+from conftest import mode, no_fallback, run_both
 
 
 def _t(*shape, dtype=torch.float32):
@@ -372,6 +372,15 @@ AT_CALL_CASES = {
     "arange_uint32": lambda d: torch.arange(0.5, 4, dtype=torch.uint32, device=d),
     "kaiser_window_complex": lambda d: torch.kaiser_window(4, dtype=torch.complex128, device=d),
     "geometric_uint16": lambda d: torch.zeros(3, dtype=torch.uint16, device=d).geometric_(0.5),
+    # CPU computes few ops in uint16-64 and float8 (Note [Complex kernel checks]); one-element stand-ins took
+    # fast paths (flip, norm), so the check runs on the real shapes first
+    "neg_uint16": lambda d: torch.neg(torch.arange(4, device=d).to(torch.uint16)),
+    "add_uint32": lambda d: torch.arange(4, device=d).to(torch.uint32) + 1,
+    "lt_uint64": lambda d: torch.arange(4, device=d).to(torch.uint64) < 2,
+    "histc_uint16": lambda d: torch.histc(torch.arange(4, device=d).to(torch.uint16), 3),
+    "flip_float8": lambda d: torch.flip(_t(4).to(torch.float8_e4m3fn).to(d), (0,)),
+    "vector_norm_float8": lambda d: torch.linalg.vector_norm(_t(4).to(torch.float8_e5m2).to(d)),
+    "std_float8": lambda d: torch.std(_t(4).to(torch.float8_e4m3fn).to(d)),
     "instance_norm_float64_weight": lambda d: F.instance_norm(
         _t(2, 4, 3).to(d), weight=_t(4, dtype=torch.float64).to(d)
     ),
@@ -421,6 +430,17 @@ def test_error_at_the_call(name, eager_mode):
     left to the program's run (or a wrapped dim) would not show."""
     with mode(eager_mode):
         _assert_same_error(AT_CALL_CASES[name])
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64], ids=str)
+def test_what_cpu_computes_in_wide_unsigned_dtypes_computes(dtype, eager_mode):
+    """The kernel check of every uint16-64 call lets through what CPU's kernels take."""
+
+    def ops(x):
+        return [x * 2, x & 3, torch.cat([x, x]), x[torch.tensor([0, 2], device=x.device)], x.sum(), x == 1, x.float()]
+
+    with no_fallback():
+        run_both(ops, torch.arange(6).to(dtype), mode_name=eager_mode)
 
 
 def test_table_size():

@@ -64,6 +64,8 @@ def _difference(expected: torch.Tensor, actual: torch.Tensor) -> str | None:
         return f"{tuple(expected.shape)} {expected.dtype} vs {tuple(actual.shape)} {actual.dtype}"
     if expected.is_floating_point() or expected.is_complex():
         tol = 1.6e-2 if expected.dtype in _HALF else 1e-3
+        if expected.element_size() == 1:  # float8: CPU's allclose has no kernel for it; float8's own rounding
+            expected, actual, tol = expected.float(), actual.float(), 0.125
         if torch.allclose(expected, actual, rtol=tol, atol=tol, equal_nan=True):
             return None
         return f"max difference {(expected.double() - actual.double()).abs().max().item():.3g}"

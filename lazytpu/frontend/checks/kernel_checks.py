@@ -41,6 +41,7 @@ _KERNEL_ERRORS = re.compile(
     r"|mixed dtype \(CPU\)"  # a norm's parameters of another dtype than its input (CUDA refuses them too)
     r"|must either both be None or neither be None"  # a batch norm's running statistics
     r"|to have the same type as tensor for argument|bins tensors should have the same dtype"
+    r"|to have one of the following scalar types|Unsupported dtype|Promotion for [\w ,]+ (T|t)ypes is not supported"
 )
 
 # Errors that depend on the sizes: they decide only where the stand-ins have
@@ -410,14 +411,22 @@ def _stand_in(shape, dtype, index):
     return torch.full(shape, index, dtype=dtype)
 
 
-_FLOAT8 = frozenset({torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz})
+# Dtypes CPU computes few ops in (casts, copies, indexing): float8, and the
+# unsigned integers past uint8 (no comparisons, no neg, no maximum).
+_FEW_KERNELS = frozenset(
+    {torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz}
+    | {torch.uint16, torch.uint32, torch.uint64}
+)
 
 # Note [Complex kernel checks]: CPU's kernels lack complex dtypes in a long
 # tail of ops (comparisons, ``maximum``, ``sign``, ``lgamma``, ``erf``, sorts,
 # norms, activations, losses) whose lowerings would compute or fail in the
 # program: a call with a complex operand runs the check whatever its family
-# (once per call signature), as float8 ones do. ``nansum`` is left out:
-# CUDA's kernel sums complex values (CPU's message says "on CPU").
+# (once per call signature), as float8 and uint16-64 ones do. ``nansum`` is
+# left out: CUDA's kernel sums complex values (CPU's message says "on CPU").
+# The real shapes come first (as far as ``_SHAPED_LIMIT``): one-element
+# stand-ins take fast paths before the dtype check (``flip`` and ``norm`` of
+# one element computed in float8).
 _COMPLEX_CUDA_COMPUTES = frozenset({"nansum"})
 
 
@@ -425,15 +434,13 @@ def _asks_every_op(values, family: str) -> bool:
     """Whether an operand's dtype makes every op run its kernel check (Note [Complex kernel checks])."""
     for v in values:
         if type(v) is not Scalar and (
-            v.dtype in _FLOAT8 or v.dtype.is_complex and family not in _COMPLEX_CUDA_COMPUTES
+            v.dtype in _FEW_KERNELS or v.dtype.is_complex and family not in _COMPLEX_CUDA_COMPUTES
         ):
             return True
     return False
 
 
-_INTEGERS = frozenset(
-    {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64}
-)
+_INTEGERS = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})  # CUDA's histc takes these
 
 # Note [CUDA's histc]: CUDA's ``histc`` counts integer inputs (in their
 # dtype), CPU's refuses them. transformers' MoE layers count the tokens of each
@@ -489,8 +496,8 @@ def check_kernel_dtypes(func, template, values) -> None:
         stand_ins = _SHAPED
     elif family in _CHECKED_ON_REAL_SHAPES:
         stand_ins = ((_as_they_are, 0),)
-    elif _asks_every_op(values, family):  # CPU computes few ops in float8 (casts, copies, indexing): every op asks
-        stand_ins = (*_CHECKED, (_as_they_are, 0))  # the real shapes last: a group norm's groups must divide
+    elif _asks_every_op(values, family):  # Note [Complex kernel checks]
+        stand_ins = _CHECKED  # after the real shapes (below)
     else:
         return  # some CPU kernels crash (SIGFPE) on zero-size inputs: only known-safe families run
     tensors = [v for v in values if type(v) is not Scalar]
@@ -500,8 +507,10 @@ def check_kernel_dtypes(func, template, values) -> None:
     exact = all(0 in s for s in shapes)  # empty inputs: the real call costs nothing, and decides
     if exact:
         stand_ins = ((_as_they_are, 0),)
-    elif any(0 in s for s in shapes):  # kernels skip some checks of an empty operand (gather's index dtype)
-        stand_ins = ((_as_they_are, 0), *stand_ins)  # the real shapes first, as far as _SHAPED_LIMIT
+    elif stand_ins[0][0] is not _as_they_are and (any(0 in s for s in shapes) or _asks_every_op(values, family)):
+        # kernels skip some checks of an empty operand (gather's index dtype), and take fast paths for one
+        # element (Note [Complex kernel checks]): the real shapes first
+        stand_ins = ((_as_they_are, 0), *stand_ins)
     kernel = _CPU_KERNELS.get(family, func)
     for make, index in stand_ins:
         made = make(shapes)
