@@ -479,6 +479,9 @@ def check_kernel_dtypes(func, template, values) -> None:
     elements (``_CHECKED``); kernels that check sizes before the dtype
     (pooling, upsampling, convolution, grid_sample) get real shapes with a
     batch of 0 or 1 after one element fails their size checks (``_SHAPED``).
+    The real shapes go first (as far as ``_SHAPED_LIMIT``) where an operand is
+    empty or of a dtype CPU computes few ops in (Note [Complex kernel checks]).
+    Factories check their dtype with their smallest call (``_FACTORY_PROBES``).
     Random ops draw on their stand-ins (the probe restores the CPU generator).
     The same stand-ins check the dims of ``_DIM_CHECKED`` families
     (Note [Dim checks]) and the index dtypes of ``_INDEX_CHECKED`` ones.
