@@ -565,6 +565,7 @@ def test_norm_statistics_of_a_bfloat16_input_are_cpus(parameters):
     float32 parameters (Note [CPU norm statistics])."""
     x = torch.randn(2, 4, 3).bfloat16()
     w = None if parameters is None else torch.randn(4).to(parameters)
+    stats = parameters or torch.float32
 
     def statistics(d):
         wd = None if w is None else w.to(d)
@@ -572,6 +573,17 @@ def test_norm_statistics_of_a_bfloat16_input_are_cpus(parameters):
             torch.native_group_norm(x.to(d), wd, None, 2, 4, 3, 2, 1e-5),
             torch.native_layer_norm(x.to(d), (3,), None if w is None else w[:3].to(d), None, 1e-5),
             torch.native_batch_norm(x.to(d), wd, None, None, None, True, 0.1, 1e-5),
+            # outside training: empty statistics, float32 ones beside float32 running statistics
+            torch.native_batch_norm(
+                x.to(d),
+                None,
+                None,
+                torch.zeros(4, dtype=stats).to(d),
+                torch.ones(4, dtype=stats).to(d),
+                False,
+                0.1,
+                1e-5,
+            ),
         ]
 
     with no_fallback():

@@ -402,10 +402,10 @@ def norm_statistics(func, args, kwargs):
     else:
         check_with_meta(func, args, kwargs)
         out = DECOMPOSITIONS[func](*args, **kwargs)
+    dtype = torch.float32 if mixed else x.dtype
     if position is not None and not args[position]:
-        stats = [x.new_empty((0,)) for _ in range(2)]
+        stats = [x.new_empty((0,), dtype=dtype) for _ in range(2)]
     else:
-        dtype = torch.float32 if mixed else x.dtype
         stats = [s if s.dtype == dtype else aten._to_copy.default(s, dtype=dtype) for s in out[1:3]]
     return (out[0], *stats, *out[3:])
 
