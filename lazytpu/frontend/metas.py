@@ -159,14 +159,12 @@ def _gru_cell_backward(grad_hy, workspace, has_bias):
     return workspace.new_empty(gates), workspace.new_empty(gates), grad_hy.new_empty(grad_hy.shape), *biases
 
 
-# Note [Meta shape fixes]: some meta kernels accept a call and give another
-# shape than CPU's kernel: reduction="none" of multi_margin_loss with a 0-d
-# target, and of multilabel_margin_loss with a 0-d or 1-d one, is (1,) on meta
-# and () on CPU, and ``repeat_interleave`` of no repeats is its output_size on
-# meta and empty on CPU; or accept a call CPU's kernel refuses for its sizes (ctc_loss
-# of an empty log_probs), or refuse one CPU's kernel accepts (a uint8 target
-# of nll_loss, not nll_loss2d: meta's gather takes int64 only). ``FIXES`` runs torch's meta
-# kernel (its checks) and returns CPU's shapes, or raises CPU's error.
+# Note [Meta shape fixes]: some meta kernels accept a call and give another shape than CPU's kernel: reduction="none"
+# of multi_margin_loss with a 0-d target, and of multilabel_margin_loss with a 0-d or 1-d one, is (1,) on meta and ()
+# on CPU, and ``repeat_interleave`` of no repeats is its output_size on meta and empty on CPU; or accept a call CPU's
+# kernel refuses for its sizes (ctc_loss of an empty log_probs), or refuse one CPU's kernel accepts (a uint8 target of
+# nll_loss, not nll_loss2d: meta's gather takes int64 only). ``FIXES`` runs torch's meta kernel (its checks) and
+# returns CPU's shapes, or raises CPU's error.
 
 
 def _repeat_interleave(repeats, *, output_size=None):
@@ -246,6 +244,20 @@ def _padding_dims(op, k: int):
     return checked
 
 
+def _float_statistics(op):
+    """``op`` (``native_group_norm``) with CPU's float32 statistics of a half input beside float32 parameters
+    (Note [CPU norm statistics]); the meta kernel gives the input's dtype."""
+
+    def run(x, weight, bias, *args):
+        out, mean, rstd = op(x, weight, bias, *args)
+        parameters = {getattr(p, "dtype", None) for p in (weight, bias)}
+        if x.dtype in (torch.bfloat16, torch.float16) and torch.float32 in parameters:
+            return out, mean.float(), rstd.float()
+        return out, mean, rstd
+
+    return run
+
+
 def _fractional_max_pool3d(x, kernel_size, output_size, samples):
     """CPU's checks of the random samples, which the meta kernel skips (2-D's has them)."""
     batch = x.shape[0] if x.dim() == 5 else 1
@@ -269,15 +281,12 @@ def _channels_last_unbatched(t):
     return t.unsqueeze(0).contiguous(memory_format=torch.channels_last_3d).squeeze(0)
 
 
-# Note [Convolution layouts]: the meta kernel of ``convolution`` returns a
-# contiguous output (meta tensors have no device, so it cannot choose a
-# backend); CPU's kernels return channels-last outputs for channels-last
-# inputs or weights, by rules that depend on the backend chosen for the
-# dtype, the sizes and the batch (mkldnn or the slow kernels). torch's fake
-# tensors of device ``cpu`` choose that backend as the CPU kernel does, so the
-# layout is theirs: the meta kernel runs first (its checks and shapes), then
-# the same call on fake CPU tensors gives the strides (PyTorch's
-# test_memory_format of the conv modules).
+# Note [Convolution layouts]: the meta kernel of ``convolution`` returns a contiguous output (meta tensors have no
+# device, so it cannot choose a backend); CPU's kernels return channels-last outputs for channels-last inputs or
+# weights, by rules that depend on the backend chosen for the dtype, the sizes and the batch (mkldnn or the slow
+# kernels). torch's fake tensors of device ``cpu`` choose that backend as the CPU kernel does, so the layout is
+# theirs: the meta kernel runs first (its checks and shapes), then the same call on fake CPU tensors gives the strides
+# (PyTorch's test_memory_format of the conv modules).
 @functools.cache
 def _fake_mode():
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -312,14 +321,11 @@ def _restrided(out, like):
     )
 
 
-# Note [Suggested layouts]: CPU's padding and group-norm kernels allocate
-# their output (the input gradient, for the paddings' backwards) in the memory
-# format that the input suggests (``suggest_memory_format``: channels-last for
-# a 4-D or 5-D input whose strides are like channels-last, whatever the op's
-# rank); the meta kernels allocate contiguous ones (PyTorch's
-# test_memory_format of the padding modules). GroupNorm's input gradient stays
-# contiguous, as on CUDA: torch's derivative formula makes the saved input
-# contiguous on every device but CPU before its backward runs.
+# Note [Suggested layouts]: CPU's padding and group-norm kernels allocate their output (the input gradient, for the
+# paddings' backwards) in the memory format that the input suggests (``suggest_memory_format``: channels-last for a
+# 4-D or 5-D input whose strides are like channels-last, whatever the op's rank); the meta kernels allocate contiguous
+# ones (PyTorch's test_memory_format of the padding modules). GroupNorm's input gradient stays contiguous, as on CUDA:
+# torch's derivative formula makes the saved input contiguous on every device but CPU before its backward runs.
 def _suggested_layout(func, source: int = 0):
     def run(*args, **kwargs):
         out = func(*args, **kwargs)
@@ -334,16 +340,13 @@ def _suggested_layout(func, source: int = 0):
     return run
 
 
-# Note [Attention layouts]: CPU's flash attention kernel (4-d inputs, no
-# dropout, equal head dims, unit last strides) returns an output laid out
-# like its query (``empty_like``); its math kernel (everything else) returns
-# a contiguous one. The meta kernels of the fused ops return CUDA's layout
-# (batch, sequence, heads, features), so ``out.view(...)`` that works on CPU
-# failed on tpu, and the other way round. (H, S, E) inputs run torch's math
-# kernel on tpu as on CPU. The fused backward's gradients have the flash
-# kernel's layouts; where CPU runs its math kernel on 4-d inputs (dropout,
-# other head dims) its gradients' strides differ (the values do not; ``.grad``
-# of a leaf takes the leaf's layout either way).
+# Note [Attention layouts]: CPU's flash attention kernel (4-d inputs, no dropout, equal head dims, unit last strides)
+# returns an output laid out like its query (``empty_like``); its math kernel (everything else) returns a contiguous
+# one. The meta kernels of the fused ops return CUDA's layout (batch, sequence, heads, features), so ``out.view(...)``
+# that works on CPU failed on tpu, and the other way round. (H, S, E) inputs run torch's math kernel on tpu as on CPU.
+# The fused backward's gradients have the flash kernel's layouts; where CPU runs its math kernel on 4-d inputs
+# (dropout, other head dims) its gradients' strides differ (the values do not; ``.grad`` of a leaf takes the leaf's
+# layout either way).
 def _attention_layout(func, dropout: int):
     def run(query, key, value, *args, **kwargs):
         out = func(query, key, value, *args, **kwargs)
@@ -411,7 +414,7 @@ FIXES = {
         getattr(aten, f"{name}_backward").default: _suggested_layout(getattr(aten, f"{name}_backward").default, 1)
         for name in _PADDINGS
     },
-    aten.native_group_norm.default: _suggested_layout(aten.native_group_norm.default),
+    aten.native_group_norm.default: _float_statistics(_suggested_layout(aten.native_group_norm.default)),
     aten.max_pool3d_with_indices.default: _max_pool3d,
     aten._scaled_dot_product_efficient_attention.default: _attention_layout(
         aten._scaled_dot_product_efficient_attention.default, dropout=2
@@ -433,9 +436,7 @@ FIXES = {
     **fake_quant.FIXES,
     aten.multilabel_margin_loss_forward.default: _multilabel_margin_loss,
     # its meta kernel wants ``high`` on CPU (a meta tensor is not); the overload without a generator's does not
-    aten.randint_like.Tensor_generator: lambda x, high, generator=None, **kwargs: aten.randint_like.Tensor(
-        x, high, **kwargs
-    ),
+    aten.randint_like.Tensor_generator: lambda x, high, generator=None, **kw: aten.randint_like.Tensor(x, high, **kw),
     **{
         op: _first_dtype(op)
         for op in (aten.huber_loss.default, aten.soft_margin_loss.default, aten.normal.Tensor_Tensor)
@@ -576,14 +577,11 @@ def infer_meta(func, template, values):
     return out
 
 
-# Note [Empty pointwise layouts]: torch's meta kernels of pointwise ops and
-# of the ``*_like`` factories come from torch._refs, whose output layout is
-# contiguous as soon as every operand "is contiguous", which an empty tensor
-# always is; CPU's kernels follow the strides of the operands instead (an
-# empty channels-last batch times a weight stays channels-last: a zero-batch
-# BatchNorm's output; ``rand_like`` of it too). An empty output's layout is
-# CPU's: the call runs on CPU tensors of the same layouts, which costs
-# nothing (no element is computed).
+# Note [Empty pointwise layouts]: torch's meta kernels of pointwise ops and of the ``*_like`` factories come from
+# torch._refs, whose output layout is contiguous as soon as every operand "is contiguous", which an empty tensor
+# always is; CPU's kernels follow the strides of the operands instead (an empty channels-last batch times a weight
+# stays channels-last: a zero-batch BatchNorm's output; ``rand_like`` of it too). An empty output's layout is CPU's:
+# the call runs on CPU tensors of the same layouts, which costs nothing (no element is computed).
 def _any_empty(out) -> bool:
     return any(isinstance(t, torch.Tensor) and t.numel() == 0 for t in torch.utils._pytree.tree_leaves(out))
 

@@ -366,13 +366,12 @@ def prims_conj(func, args, kwargs):
 # (the meta kernels, as CUDA's, say float32), and batch norm outside training
 # saves none (empty tensors). With float32 parameters (weight, bias, running
 # statistics: the one mix of dtypes CPU's norms take, the kernel check raises
-# for the others) they save float32 ones, group norm too (its meta kernel
-# says the input's dtype: its input is computed on in float32, as the rule
-# does anyway). CPU torch is the reference: the op runs as usual (rule or
-# decomposition), then its statistics are cast or emptied.
+# for the others) they save float32 ones, group norm too (a meta fix in
+# ``metas.FIXES``: its meta kernel says the input's dtype). CPU torch is the
+# reference: the op runs as usual (rule or decomposition), then its
+# statistics are cast or emptied.
 _NORM_TRAINING_ARG = {
     aten.native_layer_norm.default: None,
-    aten.native_group_norm.default: None,
     aten.native_batch_norm.default: 5,
     aten._native_batch_norm_legit.default: 5,
     aten._native_batch_norm_legit.no_stats: 3,
@@ -381,8 +380,9 @@ _NORM_TRAINING_ARG = {
 
 
 def _half_with_float_parameters(x, args, kwargs) -> bool:
-    parameters = [a for a in (*args[1:], *kwargs.values()) if isinstance(a, torch.Tensor)]
-    return x.dtype in (torch.bfloat16, torch.float16) and any(p.dtype == torch.float32 for p in parameters)
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        return False  # the common case, at every call: nothing more to look at
+    return any(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in (*args[1:], *kwargs.values()))
 
 
 @handles(*_NORM_TRAINING_ARG)
@@ -390,12 +390,6 @@ def norm_statistics(func, args, kwargs):
     """Note [CPU norm statistics]."""
     x, position = args[0], _NORM_TRAINING_ARG[func]
     mixed = _half_with_float_parameters(x, args, kwargs)
-    if func is aten.native_group_norm.default:
-        if not mixed:
-            return record(func, args, kwargs, get_rule(func))
-        check_with_meta(func, args, kwargs)  # the kernel check: a float16 bias beside a float32 weight raises
-        out = func(aten._to_copy.default(x, dtype=torch.float32), *args[1:], **kwargs)
-        return (aten._to_copy.default(out[0], dtype=x.dtype), *out[1:])
     rule = get_rule(func)
     if rule is not None:
         out = record(func, args, kwargs, rule)
